@@ -1,0 +1,368 @@
+"""``check_manifests``: verifies manifests against the bytes on disk (SPEC section 3).
+
+Each check is a small function that yields :class:`~cake.manifest.Finding` objects; the
+command line only finds the trees, runs the checks and reports. Standard library only.
+
+Exit status: 0 clean, 1 findings, 2 usage or I/O error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Iterator, Sequence
+
+from .core import manifest as mf
+from .core.manifest import Finding, Manifest, PackageTree, Program
+
+_INCLUDE_RE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+class UsageError(Exception):
+    """A wrong argument or an I/O problem: exit 2 with one line."""
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_tree(tree: PackageTree) -> tuple[list[Finding], int]:
+    """All findings for one package tree, and the number of programs it lists."""
+    manifests = []
+    findings: list[Finding] = []
+    for path in tree.manifest_paths():
+        try:
+            manifests.append((str(path), mf.parse(_read(path), str(path))))
+        except mf.ManifestError as exc:
+            findings.extend(exc.findings)
+    checked = _TreeCheck(tree)
+    for path, manifest in manifests:
+        findings.extend(checked.manifest(path, manifest))
+    if len(manifests) == len(list(tree.manifest_paths())):
+        # Orphans are only meaningful when every manifest could be read.
+        findings.extend(checked.orphans())
+    return findings, sum(len(m.programs) for _, m in manifests)
+
+
+class _TreeCheck:
+    """Checks the manifests of one tree, remembering what they list for the orphan check."""
+
+    def __init__(self, tree: PackageTree):
+        self.tree = tree
+        self.listed: set[str] = set()
+        self.digests: set[str] = set()
+        self.libraries: set[str] = set()
+
+    def manifest(self, path: str, manifest: Manifest) -> Iterator[Finding]:
+        owner = self.tree.owner
+        if manifest.package != owner:
+            yield Finding(path, "package", "CM201",
+                          f"is {manifest.package!r}, but this manifest belongs to {owner!r}")
+        prefix = mf.expected_prefix(owner)
+        if manifest.library_prefix != prefix:
+            yield Finding(path, "library_prefix", "CM202",
+                          f"is {manifest.library_prefix!r}; package {owner!r} needs {prefix!r}")
+        header_ok = {}
+        for i, header in enumerate(manifest.headers):
+            problems = list(self.header(path, f"headers[{i}]", header))
+            header_ok[header.path] = not problems
+            yield from problems
+        for i, program in enumerate(manifest.programs):
+            yield from self.program(path, f"programs[{i}]", program, prefix, manifest, header_ok)
+
+    def header(self, path: str, field: str, header: mf.Header) -> Iterator[Finding]:
+        problem = _path_problem(self.tree.include_dir, header.path)
+        if problem:
+            yield Finding(path, f"{field}.path", *problem)
+            return
+        file = self.tree.header_path(header.path)
+        self.listed.add(os.path.normpath(file))
+        if not file.is_file():
+            yield Finding(path, f"{field}.path", "CM601", f"header {header.path} is missing")
+        elif mf.sha256_hex(_read(file)) != header.sha256:
+            yield Finding(path, f"{field}.sha256", "CM602",
+                          f"header {header.path} has changed (sha256 differs)")
+
+    def program(self, path: str, field: str, program: Program, prefix: str,
+                manifest: Manifest, header_ok: dict) -> Iterator[Finding]:
+        problems: list[Finding] = []
+        add = problems.append
+        if not mf.is_digest(program.digest):
+            add(Finding(path, f"{field}.digest", "CM204",
+                        f"{program.digest!r} is not {mf.DIGEST_LENGTH} lowercase hex digits"))
+        expected = mf.library_name(prefix, program.digest, program.kcp)
+        if program.library != expected:
+            add(Finding(path, f"{field}.library", "CM203",
+                        f"is {program.library!r}, expected {expected!r}"))
+        if program.digest in self.digests or program.library in self.libraries:
+            add(Finding(path, f"{field}.digest", "CM205",
+                        f"program {program.library} is listed more than once"))
+        self.digests.add(program.digest)
+        self.libraries.add(program.library)
+        for j, header_path in enumerate(program.headers):
+            if header_path not in header_ok:
+                add(Finding(path, f"{field}.headers[{j}]", "CM603",
+                            f"{header_path} is not in the manifest's headers"))
+        texts = {}
+        for j, source in enumerate(program.sources):
+            data, source_problems = self.source(path, f"{field}.sources[{j}]", program, source)
+            problems.extend(source_problems)
+            if data is not None:
+                texts[source.role] = data
+        if len(texts) == len(program.sources):
+            problems.extend(_symbol_problems(path, field, program, texts))
+            problems.extend(_include_problems(path, field, program, texts))
+        yield from problems
+        if not problems and all(header_ok.get(h) for h in program.headers):
+            recomputed = recompute_digest(program, manifest, texts)
+            if recomputed != program.digest:
+                yield Finding(path, f"{field}.digest", "CM401",
+                              f"recorded {program.digest}, recomputed {recomputed}")
+
+    def source(self, path: str, field: str, program: Program,
+               source: mf.Source) -> tuple[bytes | None, list[Finding]]:
+        csrc = self.tree.csrc_dir
+        self.listed.add(os.path.normpath(csrc / source.path))
+        problem = _path_problem(csrc, source.path)
+        if problem:
+            return None, [Finding(path, f"{field}.path", *problem)]
+        file = self.tree.source_path(source)
+        if not file.is_file():
+            return None, [Finding(path, f"{field}.path", "CM301", f"{source.path} is missing")]
+        data = _read(file)
+        problems = []
+        if mf.sha256_hex(data) != source.sha256:
+            problems.append(Finding(path, f"{field}.sha256", "CM304",
+                                    f"{source.path} differs from its recorded sha256"))
+        wanted = mf.source_file_name(program.library, source.role)
+        if PurePosixPath(source.path).name != wanted:
+            problems.append(Finding(path, f"{field}.path", "CM305",
+                                    f"{source.path} should be named {wanted}"))
+        return data, problems
+
+    def orphans(self) -> Iterator[Finding]:
+        csrc = self.tree.csrc_dir
+        if not csrc.is_dir():
+            return
+        for directory, dirnames, filenames in os.walk(csrc, onerror=_raise):
+            dirnames.sort()
+            for name in sorted(filenames):
+                file = os.path.normpath(os.path.join(directory, name))
+                if file not in self.listed:
+                    relative = os.path.relpath(file, csrc)
+                    yield Finding(str(self.tree.manifest_path), "programs", "CM307",
+                                  f"{csrc.name}/{relative} is not listed by any program")
+
+
+def recompute_digest(program: Program, manifest: Manifest, texts: dict) -> str:
+    header_shas = [manifest.header(h).sha256 for h in program.headers]
+    sources = [(s.role, texts[s.role]) for s in program.sources]
+    return mf.program_digest(program.library, sources, header_shas, list(program.flags))
+
+
+def _path_problem(base: Path, relative: str) -> tuple[str, str] | None:
+    """(code, message) if ``relative`` is unsafe under ``base``: escapes it or crosses a link."""
+    pure = PurePosixPath(relative)
+    if pure.is_absolute() or ".." in pure.parts:
+        return "CM302", f"{relative} is not inside {base.name}/"
+    current = base
+    for part in pure.parts:
+        current = current / part
+        if current.is_symlink():
+            return "CM303", f"{relative} goes through the symbolic link {part}"
+    return None
+
+
+def _symbol_problems(path: str, field: str, program: Program,
+                     texts: dict) -> Iterator[Finding]:
+    library = program.library
+    binding = texts.get("binding", b"").decode("utf-8", "replace")
+    kernel = texts.get("kernel", b"").decode("utf-8", "replace")
+    for j, entry in enumerate(program.entries):
+        if not entry.startswith(library + "_"):
+            yield Finding(path, f"{field}.entries[{j}]", "CM306",
+                          f"entry {entry} does not start with {library}_")
+        elif not re.search(rf"\b{entry}\b", binding):
+            yield Finding(path, f"{field}.entries[{j}]", "CM306",
+                          f"entry {entry} is not defined in the binding source")
+    kernel_name = "kernel_" + library
+    for j, symbol in enumerate(program.kernels):
+        if symbol != kernel_name and not symbol.startswith(kernel_name + "_"):
+            yield Finding(path, f"{field}.kernels[{j}]", "CM306",
+                          f"kernel {symbol} does not start with {kernel_name}")
+        elif not re.search(rf"\b{symbol}\b", kernel):
+            yield Finding(path, f"{field}.kernels[{j}]", "CM306",
+                          f"kernel {symbol} is not defined in the kernel source")
+    for name in mf.kernel_symbols(kernel):
+        if name not in program.kernels:
+            yield Finding(path, f"{field}.kernels", "CM306",
+                          f"__global__ {name} in the kernel source is not a listed kernel")
+
+
+def _include_problems(path: str, field: str, program: Program,
+                      texts: dict) -> Iterator[Finding]:
+    for role, data in sorted(texts.items()):
+        for included in _INCLUDE_RE.findall(data):
+            name = included.decode("utf-8", "replace")
+            if name not in program.headers:
+                yield Finding(path, f"{field}.headers", "CM603",
+                              f"{role} source includes {name}, which the program does not list")
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _raise(exc: OSError) -> None:
+    raise UsageError(f"{exc.filename}: cannot read directory: {exc.strerror or exc}")
+
+
+# --------------------------------------------------------------------------- vendored gate
+
+
+def check_vendored_imports(package_dir: Path) -> Iterator[Finding]:
+    """CM701: a vendored package may import only itself (relatively), stdlib and torch."""
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    for file in sorted(Path(package_dir).rglob("*.py")):
+        try:
+            tree = ast.parse(_read(file), str(file))
+        except SyntaxError as exc:
+            yield Finding(str(file), f"line {exc.lineno}", "CM701", f"cannot parse: {exc.msg}")
+            continue
+        for node in ast.walk(tree):
+            for name, line in _absolute_imports(node):
+                if name.split(".")[0] not in allowed:
+                    yield Finding(str(file), f"line {line}", "CM701",
+                                  f"imports {name}; only relative, stdlib and torch are allowed")
+
+
+def _absolute_imports(node: ast.AST) -> Iterator[tuple[str, int]]:
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name, node.lineno
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        yield node.module or "", node.lineno
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def find_trees(paths: Sequence[str], default_root: Path) -> list[PackageTree]:
+    """The package trees that the command-line paths name (files or folders)."""
+    if not paths:
+        paths = [str(default_root)]
+    trees: dict[Path, PackageTree] = {}
+    for argument in paths:
+        for tree in _trees_for(Path(argument)):
+            trees.setdefault(tree.manifest_path.resolve(), tree)
+    return list(trees.values())
+
+
+def _trees_for(path: Path) -> Iterable[PackageTree]:
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    if path.is_file():
+        return [_tree_for_manifest(path)]
+    if (path / "manifests").is_dir():
+        root = path
+        return [mf.repository_tree(root, name) for name in mf.repository_families(root)]
+    if (path / mf.MANIFEST_NAME).is_file():
+        return [mf.package_tree(path)]
+    found = []
+    for directory, dirnames, filenames in os.walk(path, onerror=_raise):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if mf.MANIFEST_NAME in filenames:
+            found.append(mf.package_tree(Path(directory)))
+    if not found:
+        raise UsageError(f"{path}: no manifests/ folder and no {mf.MANIFEST_NAME} below it")
+    return found
+
+
+def _tree_for_manifest(path: Path) -> PackageTree:
+    if path.name in (mf.MANIFEST_NAME, mf.TEST_MANIFEST_NAME):
+        return mf.package_tree(path.parent)
+    if path.parent.name == "manifests" and path.suffix == ".json":
+        name = path.name[: -len(".test.json")] if path.name.endswith(".test.json") else path.stem
+        return mf.repository_tree(path.parent.parent, name)
+    raise UsageError(f"{path}: not a manifest (expected manifests/<package>.json or "
+                     f"{mf.MANIFEST_NAME})")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="check_manifests",
+        description="Verify cake-train manifests, digests and csrc bytes (SPEC section 3).")
+    parser.add_argument("paths", nargs="*",
+                        help="manifests, package folders or a repository root "
+                             "(default: the current directory)")
+    parser.add_argument("--json", action="store_true", help="print one JSON report")
+    parser.add_argument("--vendored-gate", action="store_true",
+                        help="check a vendored copy: --package names it, --root is the host "
+                             "repository root")
+    parser.add_argument("--package", action="append", default=[],
+                        help="dotted name of a vendored package (with --vendored-gate)")
+    parser.add_argument("--root", default=".", help="host repository root (default: .)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> tuple[list[Finding], int, int]:
+    """Runs the checks; returns (findings, manifests, programs)."""
+    if args.vendored_gate:
+        if not args.package:
+            raise UsageError("--vendored-gate needs --package NAME")
+        from .vendored import gate_trees  # only the gate needs the vendoring rules
+
+        trees, extra = gate_trees(Path(args.root), args.package, _raise_usage)
+    else:
+        if args.package:
+            raise UsageError("--package only goes with --vendored-gate")
+        trees, extra = find_trees(args.paths, Path(".")), []
+    findings = list(extra)
+    programs = 0
+    for tree in trees:
+        tree_findings, count = check_tree(tree)
+        findings.extend(tree_findings)
+        programs += count
+    return findings, len(trees), programs
+
+
+def _raise_usage(message: str) -> None:
+    raise UsageError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed one usage line
+        return 2 if exc.code else 0
+    try:
+        findings, manifests, programs = run(args)
+    except UsageError as exc:
+        print(f"check_manifests: error: {exc}", file=sys.stderr)
+        return 2
+    findings.sort()
+    if args.json:
+        print(json.dumps({
+            "ok": not findings, "manifests": manifests, "programs": programs,
+            "findings": [f.__dict__ for f in findings]}, indent=2, sort_keys=True))
+    else:
+        for finding in findings:
+            print(finding)
+        verdict = f"{len(findings)} finding(s)" if findings else "ok"
+        print(f"check_manifests: {verdict} in {manifests} manifest(s), {programs} program(s)")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

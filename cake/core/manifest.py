@@ -1,0 +1,533 @@
+"""The manifest model: read, validate, digest and write ``build.json`` manifests.
+
+This module is the single implementation of SPEC section 3. The checker, the renderer,
+the CMake build plan and the runtime loader all go through it. Standard library only:
+it runs from a bare checkout, inside a build environment and inside a vendored copy.
+
+A manifest describes one family package::
+
+    {
+      "schema_version": 1,
+      "package": "cake.cake_causal_conv1d_det_train",
+      "library_prefix": "cake_causal_conv1d_det_train",
+      "headers": [{"path": "cake/program.h", "sha256": "..."}],
+      "programs": [{"library": "<prefix>_<digest>", "digest": "<20 hex>", "kcp": false,
+                    "variant": {...}, "route": {...}, "arches": ["sm_90a"],
+                    "sources": [{"role": "kernel", "path": "<library>_kernel.cu", "sha256": "..."},
+                                {"role": "binding", "path": "<library>_binding.cu", "sha256": "..."}],
+                    "headers": ["cake/program.h"], "entries": ["<library>_forward"],
+                    "kernels": ["kernel_<library>_forward"], "flags": ["-O3"]}]
+    }
+
+Source paths are relative to the package's csrc folder; header paths are relative to the
+include folder (``csrc/include`` in the repository, ``<package>/csrc/include`` installed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+DIGEST_LENGTH = 20
+# Every occurrence of a program's library name is replaced by this before hashing, so a
+# program keeps its digest when its family is renamed. Templates use it as the library name.
+LIBRARY_PLACEHOLDER = "cake_library"
+# Compute capability -> arch (SPEC section 5). An "a" build runs only on its exact capability.
+ARCH_BY_CAPABILITY = {
+    (9, 0): "sm_90a",
+    (10, 0): "sm_100a",
+    (10, 3): "sm_103a",
+    (11, 0): "sm_110a",
+    (12, 0): "sm_120a",
+    (12, 1): "sm_121a",
+}
+KNOWN_ARCHES = tuple(ARCH_BY_CAPABILITY.values())
+SOURCE_ROLES = ("kernel", "binding")
+MANIFEST_NAME = "build.json"
+TEST_MANIFEST_NAME = "build.test.json"
+
+_DIGEST_RE = re.compile(r"[0-9a-f]{%d}" % DIGEST_LENGTH)
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PACKAGE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_SCALAR = (str, int, float, bool)
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Finding:
+    """One problem in one field of one file. ``code`` is stable across releases."""
+
+    path: str
+    field: str
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.field}: {self.code} {self.message}"
+
+
+# Every finding code with its one-line meaning; the README and the tests list the same set.
+FINDING_CODES = {
+    "CM101": "manifest is not valid JSON or not UTF-8",
+    "CM102": "manifest does not follow the schema (missing field, wrong type, bad value)",
+    "CM103": "manifest has a field the schema does not know",
+    "CM201": "package is not the package the manifest belongs to",
+    "CM202": "library_prefix does not match the package name",
+    "CM203": "library is not <library_prefix>_<digest>[_kcp]",
+    "CM204": "digest is not 20 lowercase hex digits",
+    "CM205": "digest or library listed twice",
+    "CM301": "listed source file is missing",
+    "CM302": "source path is absolute or leaves the package's csrc folder",
+    "CM303": "source path goes through a symbolic link",
+    "CM304": "source bytes differ from the recorded sha256",
+    "CM305": "source file name does not carry the library name",
+    "CM306": "kernel or entry symbol does not carry the library name or is not in its source",
+    "CM307": "file in the csrc folder that no manifest lists",
+    "CM401": "recomputed digest differs from the recorded digest",
+    "CM501": "unknown arch",
+    "CM601": "header file is missing",
+    "CM602": "header bytes differ from the recorded sha256",
+    "CM603": "program uses a header the manifest does not list",
+    "CM701": "vendored Python file imports something other than its own package, stdlib or torch",
+}
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be used at all; carries the findings that say why."""
+
+    def __init__(self, findings: list[Finding]):
+        self.findings = findings
+        super().__init__("; ".join(str(f) for f in findings))
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One source file of a program."""
+
+    role: str
+    """``kernel`` (the CUDA kernels) or ``binding`` (the C entry points)."""
+    path: str
+    """Relative to the package's csrc folder, ``/``-separated."""
+    sha256: str
+    """Lowercase hex sha256 of the file's bytes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """A shared header that programs include."""
+
+    path: str
+    """Relative to the include folder, e.g. ``cake/program.h``."""
+    sha256: str
+    """Lowercase hex sha256 of the file's bytes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One digest-named program: a kernel source and a binding source."""
+
+    library: str
+    """``<library_prefix>_<digest>``, plus ``_kcp`` for context-parallel-only programs."""
+    digest: str
+    """First 20 hex digits of the program digest (see :func:`program_digest`)."""
+    kcp: bool
+    """True for programs that only context parallelism uses."""
+    variant: dict
+    """What the program computes (dtypes, bias, activation, ...): flat str -> scalar."""
+    route: dict
+    """When the family's router picks it (channel band, token floor, ...): flat str -> scalar."""
+    arches: tuple
+    """GPU arches it is built for, e.g. ``("sm_90a", "sm_100a")``."""
+    sources: tuple
+    """Its :class:`Source` files, in digest order."""
+    headers: tuple
+    """Paths of the shared headers it includes, in digest order."""
+    entries: tuple
+    """Exported C entry symbols, each ``<library>_<name>``."""
+    kernels: tuple
+    """``__global__`` kernel symbols, each ``kernel_<library>[_<name>]``."""
+    flags: tuple
+    """Extra nvcc flags; part of the digest."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """The manifest of one family package."""
+
+    schema_version: int
+    """Always :data:`SCHEMA_VERSION`."""
+    package: str
+    """Dotted Python package that owns the programs."""
+    library_prefix: str
+    """``cake_<op>_<mode>_train``: the package's last component without ``_kcp``."""
+    headers: tuple
+    """The shared :class:`Header` files the programs may include."""
+    programs: tuple
+    """The :class:`Program` entries."""
+
+    def header(self, path: str) -> Header | None:
+        return next((h for h in self.headers if h.path == path), None)
+
+
+# Field name -> (type checker, required). Drives parsing, validation and the JSON Schema.
+_FIELDS = {
+    Manifest: {
+        "schema_version": "int",
+        "package": "package",
+        "library_prefix": "identifier",
+        "headers": ["Header"],
+        "programs": ["Program"],
+    },
+    Header: {"path": "relpath", "sha256": "sha256"},
+    Source: {"role": "role", "path": "relpath", "sha256": "sha256"},
+    Program: {
+        "library": "identifier",
+        "digest": "string",
+        "kcp": "bool",
+        "variant": "scalars",
+        "route": "scalars",
+        "arches": ["arch"],
+        "sources": ["Source"],
+        "headers": ["relpath"],
+        "entries": ["identifier"],
+        "kernels": ["identifier"],
+        "flags": ["string"],
+    },
+}
+_CLASSES = {"Manifest": Manifest, "Header": Header, "Source": Source, "Program": Program}
+
+
+class _Parser:
+    """Turns decoded JSON into the dataclasses, collecting findings instead of raising."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.findings: list[Finding] = []
+
+    def error(self, field: str, code: str, message: str) -> None:
+        self.findings.append(Finding(self.path, field, code, message))
+
+    def record(self, cls: type, value: Any, field: str) -> Any:
+        if not isinstance(value, dict):
+            self.error(field or "$", "CM102", f"expected an object, got {type(value).__name__}")
+            return None
+        spec = _FIELDS[cls]
+        for key in sorted(set(value) - set(spec)):
+            self.error(_join(field, key), "CM103", f"unknown field {key!r}")
+        kwargs = {}
+        for key, kind in spec.items():
+            sub = _join(field, key)
+            if key not in value:
+                self.error(sub, "CM102", "missing required field")
+                return None
+            kwargs[key] = self.value(kind, value[key], sub)
+        if any(v is _INVALID for v in kwargs.values()):
+            return None
+        return cls(**kwargs)
+
+    def value(self, kind: Any, value: Any, field: str) -> Any:
+        if isinstance(kind, list):
+            if not isinstance(value, list):
+                self.error(field, "CM102", f"expected a list, got {type(value).__name__}")
+                return _INVALID
+            items = [self.value(kind[0], item, f"{field}[{i}]") for i, item in enumerate(value)]
+            return _INVALID if any(i is _INVALID or i is None for i in items) else tuple(items)
+        if kind in _CLASSES:
+            result = self.record(_CLASSES[kind], value, field)
+            return _INVALID if result is None else result
+        problem = _check_scalar(kind, value)
+        if problem:
+            code = "CM501" if kind == "arch" and isinstance(value, str) else "CM102"
+            self.error(field, code, problem)
+            return _INVALID
+        return dict(value) if kind == "scalars" else value
+
+
+_INVALID = object()
+
+
+def _join(field: str, key: str) -> str:
+    return f"{field}.{key}" if field else key
+
+
+def _check_scalar(kind: str, value: Any) -> str | None:
+    """Returns why ``value`` is not of ``kind``, or None."""
+    checks = {
+        "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v == SCHEMA_VERSION,
+                f"expected schema version {SCHEMA_VERSION}"),
+        "bool": (lambda v: isinstance(v, bool), "expected true or false"),
+        "string": (lambda v: isinstance(v, str), "expected a string"),
+        "identifier": (lambda v: isinstance(v, str) and _IDENTIFIER_RE.fullmatch(v),
+                       "expected a C identifier"),
+        "package": (lambda v: isinstance(v, str) and _PACKAGE_RE.fullmatch(v),
+                    "expected a dotted Python package name"),
+        "sha256": (lambda v: isinstance(v, str) and _SHA256_RE.fullmatch(v),
+                   "expected 64 lowercase hex digits"),
+        "relpath": (lambda v: isinstance(v, str) and v != "" and "\\" not in v,
+                    "expected a non-empty /-separated path"),
+        "role": (lambda v: v in SOURCE_ROLES, f"expected one of {', '.join(SOURCE_ROLES)}"),
+        "arch": (lambda v: v in KNOWN_ARCHES, f"unknown arch; known: {', '.join(KNOWN_ARCHES)}"),
+        "scalars": (lambda v: isinstance(v, dict) and all(
+            isinstance(k, str) and isinstance(x, _SCALAR) for k, x in v.items()),
+            "expected an object of strings, numbers and booleans"),
+    }
+    ok, message = checks[kind]
+    return None if ok(value) else f"{message}, got {value!r}"
+
+
+def parse(data: bytes, path: str) -> Manifest:
+    """Parses manifest bytes; raises :class:`ManifestError` with CM1xx/CM501 findings."""
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError([Finding(path, "$", "CM101", f"cannot parse: {exc}")]) from None
+    parser = _Parser(path)
+    manifest = parser.record(Manifest, document, "")
+    if parser.findings or manifest is None:
+        raise ManifestError(parser.findings)
+    return manifest
+
+
+def read(path: Path) -> Manifest:
+    """Reads and parses a manifest file. OSError propagates (an I/O problem, not a finding)."""
+    return parse(Path(path).read_bytes(), str(path))
+
+
+def to_json(manifest: Manifest) -> str:
+    """The canonical text of a manifest: sorted keys, two-space indent, trailing newline."""
+    return json.dumps(_to_plain(manifest), indent=2, sort_keys=True) + "\n"
+
+
+def write(manifest: Manifest, path: Path) -> bool:
+    """Writes the canonical text; returns False (and leaves the file alone) if unchanged."""
+    return write_if_changed(Path(path), to_json(manifest).encode())
+
+
+def write_if_changed(path: Path, data: bytes) -> bool:
+    """Writes ``data`` unless the file already holds exactly it, so build tools see no change."""
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(data)
+    temporary.replace(path)
+    return True
+
+
+def with_package(manifest: Manifest, package: str) -> Manifest:
+    """The same manifest owned by another package (vendoring); programs unchanged."""
+    return dataclasses.replace(manifest, package=package)
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def json_schema() -> dict:
+    """The JSON Schema (draft 2020-12) equivalent to the parser's rules; committed in manifests/."""
+    patterns = {
+        "int": {"const": SCHEMA_VERSION},
+        "bool": {"type": "boolean"},
+        "string": {"type": "string"},
+        "identifier": {"type": "string", "pattern": f"^{_IDENTIFIER_RE.pattern}$"},
+        "package": {"type": "string", "pattern": f"^{_PACKAGE_RE.pattern}$"},
+        "sha256": {"type": "string", "pattern": f"^{_SHA256_RE.pattern}$"},
+        "relpath": {"type": "string", "minLength": 1, "pattern": r"^[^\\]*$"},
+        "role": {"enum": list(SOURCE_ROLES)},
+        "arch": {"enum": list(KNOWN_ARCHES)},
+        "scalars": {"type": "object",
+                    "additionalProperties": {"type": ["string", "number", "boolean"]}},
+    }
+
+    def schema_of(kind: Any) -> dict:
+        if isinstance(kind, list):
+            return {"type": "array", "items": schema_of(kind[0])}
+        if kind in _CLASSES:
+            return {"$ref": f"#/$defs/{kind}"}
+        return patterns[kind]
+
+    def record(cls: type) -> dict:
+        docs = _field_docs(cls)
+        properties = {}
+        for key, kind in _FIELDS[cls].items():
+            properties[key] = dict(schema_of(kind), description=docs.get(key, ""))
+        return {"type": "object", "description": (cls.__doc__ or "").strip(),
+                "properties": properties, "required": list(_FIELDS[cls]),
+                "additionalProperties": False}
+
+    schema = record(Manifest)
+    schema.update({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "cake-train manifest (build.json)",
+        "$defs": {name: record(cls) for name, cls in _CLASSES.items() if cls is not Manifest},
+    })
+    return schema
+
+
+def _field_docs(cls: type) -> dict:
+    """Field docstrings (the string literal after each field) from the class source."""
+    import inspect
+
+    lines = inspect.getsource(cls).splitlines()
+    docs = {}
+    for i, line in enumerate(lines[:-1]):
+        match = re.match(r"\s+(\w+): .+", line)
+        nxt = lines[i + 1].strip()
+        if match and nxt.startswith('"""') and nxt.endswith('"""') and len(nxt) > 6:
+            docs[match.group(1)] = nxt[3:-3]
+    return docs
+
+
+# --------------------------------------------------------------------------- digest
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def program_digest(library: str, sources: list[tuple[str, bytes]],
+                   header_sha256s: list[str], flags: list[str]) -> str:
+    """The program digest of SPEC section 3.
+
+    sha256 over, in manifest order, each source's role and its bytes with every occurrence
+    of ``library`` replaced by :data:`LIBRARY_PLACEHOLDER`, then the sha256 of each header the
+    program includes, then its extra flags; the first 20 hex digits. Lengths are hashed in
+    front of variable-length parts so that no two different inputs share a byte stream.
+    """
+    placeholder = LIBRARY_PLACEHOLDER.encode()
+    name = library.encode()
+    h = hashlib.sha256(b"cake-program-digest-v1\n")
+    for role, data in sources:
+        body = data.replace(name, placeholder) if name else data
+        h.update(f"source {role} {len(body)}\n".encode())
+        h.update(body)
+    for header_sha in header_sha256s:
+        h.update(f"header {header_sha}\n".encode())
+    for flag in flags:
+        h.update(f"flag {len(flag.encode())}\n".encode())
+        h.update(flag.encode())
+    return h.hexdigest()[:DIGEST_LENGTH]
+
+
+_KERNEL_RE = re.compile(
+    r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s+)?(?:void\s+)?(\w+)\s*\(")
+_ENTRY_RE = re.compile(r"CAKE_EXPORT\b[^(;{]*?\b(\w+)\s*\(")
+
+
+def kernel_symbols(text: str) -> list[str]:
+    """Names of the ``__global__`` functions defined in a kernel source, in order."""
+    return list(dict.fromkeys(_KERNEL_RE.findall(text)))
+
+
+def entry_symbols(text: str) -> list[str]:
+    """Names of the ``CAKE_EXPORT`` functions defined in a binding source, in order."""
+    return list(dict.fromkeys(_ENTRY_RE.findall(text)))
+
+
+def expected_prefix(package: str) -> str:
+    """``cake.cake_x_det_train[_kcp]`` -> ``cake_x_det_train`` (SPEC section 2)."""
+    last = package.rsplit(".", 1)[-1]
+    return last[: -len("_kcp")] if last.endswith("_kcp") else last
+
+
+def library_name(prefix: str, digest: str, kcp: bool) -> str:
+    return f"{prefix}_{digest}" + ("_kcp" if kcp else "")
+
+
+def is_digest(value: str) -> bool:
+    return bool(_DIGEST_RE.fullmatch(value))
+
+
+def source_file_name(library: str, role: str) -> str:
+    return f"{library}_{role}.cu"
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@dataclasses.dataclass(frozen=True)
+class PackageTree:
+    """Where one family's manifest, program sources and headers live on disk.
+
+    Two layouts share this shape: the repository (``manifests/<name>.json``,
+    ``csrc/<name>/``, ``csrc/include/``) and an installed or vendored package
+    (``<package dir>/build.json``, ``<package dir>/csrc/``, ``<package dir>/csrc/include/``).
+    """
+
+    manifest_path: Path
+    csrc_dir: Path
+    include_dir: Path
+    owner: str
+    """The dotted package the manifest must name."""
+    test_manifest_path: Path | None = None
+
+    def source_path(self, source: Source) -> Path:
+        return self.csrc_dir / source.path
+
+    def header_path(self, header_path: str) -> Path:
+        return self.include_dir / header_path
+
+    def manifest_paths(self) -> Iterator[Path]:
+        yield self.manifest_path
+        if self.test_manifest_path is not None and self.test_manifest_path.exists():
+            yield self.test_manifest_path
+
+
+REPO_PACKAGE = "cake"
+
+
+def repository_tree(root: Path, name: str) -> PackageTree:
+    """The family ``name`` in a repository checkout rooted at ``root``."""
+    root = Path(root)
+    return PackageTree(
+        manifest_path=root / "manifests" / f"{name}.json",
+        csrc_dir=root / "csrc" / name,
+        include_dir=root / "csrc" / "include",
+        owner=f"{REPO_PACKAGE}.{name}",
+        test_manifest_path=root / "manifests" / f"{name}.test.json",
+    )
+
+
+def package_tree(package_dir: Path, owner: str | None = None) -> PackageTree:
+    """An installed or vendored package directory holding ``build.json`` and ``csrc/``.
+
+    Without ``owner`` the dotted name is found by walking up through ``__init__.py`` files.
+    """
+    package_dir = Path(package_dir)
+    return PackageTree(
+        manifest_path=package_dir / MANIFEST_NAME,
+        csrc_dir=package_dir / "csrc",
+        include_dir=package_dir / "csrc" / "include",
+        owner=owner or dotted_package_name(package_dir),
+        test_manifest_path=package_dir / TEST_MANIFEST_NAME,
+    )
+
+
+def dotted_package_name(package_dir: Path) -> str:
+    parts = [package_dir.name]
+    parent = package_dir.resolve().parent
+    while (parent / "__init__.py").is_file():
+        parts.append(parent.name)
+        parent = parent.parent
+    return ".".join(reversed(parts))
+
+
+def repository_families(root: Path) -> list[str]:
+    """Names of the families whose manifests are in ``root/manifests``."""
+    return sorted(p.stem for p in (Path(root) / "manifests").glob("*.json")
+                  if not p.name.endswith(".test.json") and p.name != "schema.json")

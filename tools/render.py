@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Renders digest-named programs and manifests from kernel templates and family tables.
+
+Usage: ``python tools/render.py [--check] [FAMILY ...]``
+
+Each family table (``tools/families/<package name>.py``) names its templates (one per source
+role, under ``csrc/templates/``) and lists its specializations. A template is plain CUDA that
+compiles as it is: its library name is :data:`cake.manifest.LIBRARY_PLACEHOLDER` and its
+specialization knobs are ``#define`` lines between ``// cake:params`` and ``// cake:end-params``.
+Rendering one specialization sets those defines, hashes the text (SPEC section 3) and puts
+the resulting library name in place of the placeholder. Output: ``csrc/<name>/<library>_<role>.cu``
+and ``manifests/<name>.json``, plus ``manifests/schema.json`` from the manifest model. Same
+input, same bytes; files the tables no longer produce are removed. ``--check`` writes nothing
+and exits 1 when a fresh render would change anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from cake.core import manifest as mf  # noqa: E402
+
+_PARAMS_RE = re.compile(r"(// cake:params\n)(.*?)(// cake:end-params\n)", re.DOTALL)
+_DEFINE_RE = re.compile(r"#define (\w+) (.+)")
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One specialization of a family: one program."""
+
+    variant: dict
+    """What it computes; copied into the manifest for the family's router."""
+    route: dict
+    """When the router picks it (channel band, token floor, ...)."""
+    params: dict
+    """Values for the templates' ``#define`` knobs (strings, numbers or booleans)."""
+    arches: tuple = ("sm_90a", "sm_100a", "sm_103a")
+    flags: tuple = ()
+    kcp: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A family table: its templates and the specializations to render."""
+
+    name: str
+    """The package's last component, e.g. ``cake_causal_conv1d_det_train``."""
+    templates: dict
+    """Source role -> template path relative to the repository root."""
+    specs: tuple
+
+
+class RenderError(Exception):
+    pass
+
+
+def load_families(root: Path = REPO) -> dict[str, Family]:
+    families = {}
+    for path in sorted((root / "tools" / "families").glob("cake_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_cake_family_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        family = module.FAMILY
+        if family.name != path.stem:
+            raise RenderError(f"{path}: FAMILY.name is {family.name!r}, expected {path.stem!r}")
+        families[family.name] = family
+    return families
+
+
+def specialize(template: str, params: dict, where: str) -> tuple[str, set]:
+    """Sets the ``#define`` knobs of the template's params block; returns (text, knobs set)."""
+    match = _PARAMS_RE.search(template)
+    if not match:
+        raise RenderError(f"{where}: no '// cake:params' ... '// cake:end-params' block")
+    lines, seen = [], set()
+    for line in match.group(2).splitlines():
+        define = _DEFINE_RE.fullmatch(line)
+        if define and define.group(1) in params:
+            seen.add(define.group(1))
+            line = f"#define {define.group(1)} {_c_value(params[define.group(1)])}"
+        elif define:
+            raise RenderError(f"{where}: knob {define.group(1)} has no value in the family table")
+        lines.append(line)
+    body = "\n".join(lines) + "\n"
+    return template[: match.start(2)] + body + template[match.end(2):], seen
+
+
+def _c_value(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def header_closure(texts: Sequence[str], include_dir: Path) -> list[str]:
+    """Quoted includes that resolve in ``include_dir``, transitively, in first-seen order."""
+    order: list[str] = []
+    pending = [name for text in texts for name in _INCLUDE_RE.findall(text)]
+    while pending:
+        name = pending.pop(0)
+        if name in order:
+            continue
+        path = include_dir / name
+        if not path.is_file():
+            raise RenderError(f"include \"{name}\" is not a file under {include_dir}")
+        order.append(name)
+        pending.extend(_INCLUDE_RE.findall(path.read_text()))
+    return order
+
+
+def render_family(family: Family, root: Path = REPO, prefix: str | None = None,
+                  package: str | None = None) -> tuple[mf.Manifest, dict[str, bytes]]:
+    """The manifest and the program files (name -> bytes) of one family.
+
+    ``prefix``/``package`` render the same programs under another name (used by the
+    rename-invariance test); by default both follow ``family.name``.
+    """
+    package = package or f"{mf.REPO_PACKAGE}.{family.name}"
+    prefix = prefix or mf.expected_prefix(package)
+    include_dir = root / "csrc" / "include"
+    templates = {role: (root / path).read_text() for role, path in family.templates.items()}
+    headers: dict[str, mf.Header] = {}
+    programs, files = [], {}
+    for index, spec in enumerate(family.specs):
+        where = f"{family.name} spec {index}"
+        texts, used = {}, set()
+        for role, template in templates.items():
+            text, knobs = specialize(template, spec.params, f"{where} ({role})")
+            texts[role] = (f"// Generated by tools/render.py from {family.templates[role]}; "
+                           f"do not edit.\n{text}")
+            used |= knobs
+        unknown = sorted(set(spec.params) - used)
+        if unknown:
+            raise RenderError(f"{where}: no template has the knob(s) {', '.join(unknown)}")
+        names = header_closure(list(texts.values()), include_dir)
+        for name in names:
+            headers.setdefault(name, mf.Header(name, mf.sha256_hex((include_dir / name).read_bytes())))
+        digest = mf.program_digest(mf.LIBRARY_PLACEHOLDER,
+                                   [(role, text.encode()) for role, text in texts.items()],
+                                   [headers[n].sha256 for n in names], list(spec.flags))
+        library = mf.library_name(prefix, digest, spec.kcp)
+        sources = []
+        for role, text in texts.items():
+            data = text.replace(mf.LIBRARY_PLACEHOLDER, library).encode()
+            file_name = mf.source_file_name(library, role)
+            files[file_name] = data
+            sources.append(mf.Source(role, file_name, mf.sha256_hex(data)))
+        entries = mf.entry_symbols(texts.get("binding", ""))
+        kernels = mf.kernel_symbols(texts.get("kernel", ""))
+        programs.append(mf.Program(
+            library=library, digest=digest, kcp=spec.kcp, variant=dict(spec.variant),
+            route=dict(spec.route), arches=tuple(spec.arches), sources=tuple(sources),
+            headers=tuple(names),
+            entries=tuple(e.replace(mf.LIBRARY_PLACEHOLDER, library) for e in entries),
+            kernels=tuple(k.replace(mf.LIBRARY_PLACEHOLDER, library) for k in kernels),
+            flags=tuple(spec.flags)))
+    libraries = [p.library for p in programs]
+    duplicates = sorted({name for name in libraries if libraries.count(name) > 1})
+    if duplicates:
+        raise RenderError(f"{family.name}: specs render identical programs: {duplicates}")
+    manifest = mf.Manifest(schema_version=mf.SCHEMA_VERSION, package=package,
+                           library_prefix=prefix,
+                           headers=tuple(sorted(headers.values(), key=lambda h: h.path)),
+                           programs=tuple(sorted(programs, key=lambda p: p.library)))
+    return manifest, files
+
+
+def planned_outputs(root: Path, families: dict[str, Family]) -> dict[Path, bytes]:
+    """Every file the renderer owns, with the bytes it should hold."""
+    outputs = {root / "manifests" / "schema.json":
+               (json.dumps(mf.json_schema(), indent=2, sort_keys=True) + "\n").encode()}
+    for name, family in sorted(families.items()):
+        manifest, files = render_family(family, root)
+        outputs[root / "manifests" / f"{name}.json"] = mf.to_json(manifest).encode()
+        for file_name, data in files.items():
+            outputs[root / "csrc" / name / file_name] = data
+    return outputs
+
+
+def stale_files(root: Path, families: dict[str, Family], outputs: dict[Path, bytes]) -> list[Path]:
+    """Rendered files on disk that the tables no longer produce."""
+    stale = []
+    for name in families:
+        folder = root / "csrc" / name
+        if folder.is_dir():
+            stale.extend(p for p in sorted(folder.rglob("*")) if p.is_file() and p not in outputs)
+    return stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="render", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a fresh render would change a file")
+    parser.add_argument("--root", type=Path, default=REPO, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        families = load_families(args.root)
+        outputs = planned_outputs(args.root, families)
+    except (RenderError, OSError) as exc:
+        print(f"render: error: {exc}", file=sys.stderr)
+        return 2
+    changed = [p for p, data in outputs.items() if not p.is_file() or p.read_bytes() != data]
+    stale = stale_files(args.root, families, outputs)
+    if args.check:
+        for path in changed:
+            print(f"render --check: {path.relative_to(args.root)} differs from a fresh render")
+        for path in stale:
+            print(f"render --check: {path.relative_to(args.root)} is no longer rendered")
+        if changed or stale:
+            print("render --check: run 'python tools/render.py' and commit the result")
+            return 1
+        print(f"render --check: ok ({len(outputs)} files up to date)")
+        return 0
+    for path in changed:
+        mf.write_if_changed(path, outputs[path])
+    for path in stale:
+        path.unlink()
+    print(f"render: {len(changed)} written, {len(stale)} removed, "
+          f"{len(outputs) - len(changed)} unchanged")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
