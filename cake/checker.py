@@ -94,10 +94,13 @@ class _TreeCheck:
         if not mf.is_digest(program.digest):
             add(Finding(path, f"{field}.digest", "CM204",
                         f"{program.digest!r} is not {mf.DIGEST_LENGTH} lowercase hex digits"))
-        expected = mf.library_name(prefix, program.digest, program.kcp)
-        if program.library != expected:
-            add(Finding(path, f"{field}.library", "CM203",
-                        f"is {program.library!r}, expected {expected!r}"))
+            # The expected library name is built from the digest: with a malformed digest
+            # a CM203 would only repeat this finding.
+        else:
+            expected = mf.library_name(prefix, program.digest, program.kcp)
+            if program.library != expected:
+                add(Finding(path, f"{field}.library", "CM203",
+                            f"is {program.library!r}, expected {expected!r}"))
         if program.digest in self.digests or program.library in self.libraries:
             add(Finding(path, f"{field}.digest", "CM205",
                         f"program {program.library} is listed more than once"))
