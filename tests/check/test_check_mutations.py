@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FAMILY_A, FAMILY_B, Layout, ToyRepo, run_checker
+from toy_tree import FAMILY_A, FAMILY_B, Layout, ToyRepo, run_checker
 
 from cake import checker
 from cake.core import manifest as mf
