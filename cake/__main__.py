@@ -1,0 +1,136 @@
+"""``python -m cake info`` and ``python -m cake selftest``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .checker import UsageError, check_tree
+from .core import jit, loader
+from .core import manifest as mf
+
+
+def family_dirs() -> list[Path]:
+    """The family packages next to this file (installed or in a checkout)."""
+    root = Path(__file__).resolve().parent
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and p.name.startswith("cake_") and (p / "__init__.py").is_file())
+
+
+def _devices() -> tuple[list[loader.Device], str]:
+    """The visible GPUs and a line about the driver (no GPU is not an error here)."""
+    try:
+        driver = loader.driver()
+        devices = [loader.device(i) for i in range(driver.device_count())]
+        return devices, f"CUDA driver {driver.version()}"
+    except loader.ProgramUnavailable as exc:
+        return [], f"no usable CUDA driver ({exc})"
+
+
+def _toolchain_line() -> str:
+    nvcc = jit.find_nvcc()
+    compiler = f"nvcc {jit.nvcc_version(nvcc)} ({nvcc})" if nvcc else "nvcc not found"
+    reason = jit.unavailable_reason()
+    state = "JIT allowed" if reason is None else f"JIT unavailable: {reason}"
+    return f"{compiler}; {state}; cache {jit.cache_root()}"
+
+
+def _torch_line() -> str:
+    if importlib.util.find_spec("torch") is None:
+        return "torch: not installed"
+    import torch
+
+    return f"torch {torch.__version__} (CUDA runtime {torch.version.cuda})"
+
+
+def info() -> int:
+    devices, driver_line = _devices()
+    print(f"cake-train {__version__}")
+    print(driver_line)
+    print(_torch_line())
+    print(_toolchain_line())
+    for d in devices:
+        print(f"{d.describe()}: arch {d.arch or 'none (unsupported capability)'}")
+    if not devices:
+        print("no GPU: program states are shown for each arch a program lists")
+    for directory in family_dirs():
+        programs = loader.ProgramSet.for_package(directory)
+        manifest = programs.manifest
+        print(f"\n{manifest.package}: {len(manifest.programs)} program(s)")
+        for program in manifest.programs:
+            variant = " ".join(f"{k}={v}" for k, v in sorted(program.variant.items()))
+            if devices:
+                states = programs.state(program, devices[0].arch)
+            else:
+                states = " ".join(f"{a}:{programs.state(program, a)}" for a in program.arches)
+            print(f"  {program.library}  [{variant}]  {states}")
+    return 0
+
+
+def selftest() -> int:
+    failures = 0
+    devices, driver_line = _devices()
+    print(f"cake-train {__version__} selftest; {driver_line}")
+    for directory in family_dirs():
+        programs = loader.ProgramSet.for_package(directory)
+        findings, count = check_tree(programs.tree)
+        for finding in findings:
+            print(f"FAIL {finding}")
+        failures += len(findings)
+        problems = list(_library_problems(programs))
+        for problem in problems:
+            print(f"FAIL {problem}")
+        failures += len(problems)
+        built = len(list((directory / "lib").glob("*.so")))
+        print(f"{'ok  ' if not findings and not problems else 'FAIL'} {programs.manifest.package}: "
+              f"manifest and csrc ({count} programs), {built} prebuilt libraries verified")
+        if devices:
+            failures += _run_family_selftest(directory.name, devices[0])
+    if not devices:
+        print("skip GPU self-tests: no GPU on this machine")
+    print(f"selftest: {'passed' if not failures else f'{failures} failure(s)'}")
+    return 1 if failures else 0
+
+
+def _library_problems(programs: loader.ProgramSet):
+    """Every prebuilt library must be a listed (program, arch) and embed that program's digest."""
+    by_library = {p.library: p for p in programs.manifest.programs}
+    for path in sorted((programs.package_dir / "lib").glob("*.so")):
+        library, _, arch = path.stem.rpartition("_sm_")
+        program = by_library.get(library)
+        if program is None or f"sm_{arch}" not in program.arches:
+            yield f"{path}: not a (program, arch) of the manifest"
+            continue
+        digest = loader.embedded_digest(path, library)
+        if digest != program.digest:
+            yield f"{path}: embeds digest {digest}, the manifest says {program.digest}"
+
+
+def _run_family_selftest(name: str, device: loader.Device) -> int:
+    module = importlib.import_module(f"{__package__}.{name}._selftest")
+    failures = 0
+    for check, problem in module.run(device.index):
+        print(f"{'FAIL' if problem else 'ok  '} {name} on {device.describe()}: {check}"
+              + (f": {problem}" if problem else ""))
+        failures += bool(problem)
+    return failures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cake", description=__doc__)
+    parser.add_argument("command", choices=["info", "selftest"])
+    args = parser.parse_args(argv)
+    try:
+        return info() if args.command == "info" else selftest()
+    except (UsageError, RuntimeError, OSError) as exc:
+        print(f"cake {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
