@@ -50,7 +50,7 @@ def _torch_line() -> str:
 
 def info() -> int:
     devices, driver_line = _devices()
-    print(f"cake-train {__version__}")
+    print(f"cake-train {__version__} at {Path(__file__).resolve().parent}")
     print(driver_line)
     print(_torch_line())
     print(_toolchain_line())
@@ -75,7 +75,7 @@ def info() -> int:
 def selftest() -> int:
     failures = 0
     devices, driver_line = _devices()
-    print(f"cake-train {__version__} selftest; {driver_line}")
+    print(f"cake-train {__version__} selftest of {Path(__file__).resolve().parent}; {driver_line}")
     for directory in family_dirs():
         programs = loader.ProgramSet.for_package(directory)
         findings, count = check_tree(programs.tree)
