@@ -100,5 +100,8 @@ def make_toy_package(root: Path) -> Path:
     (package_dir / "__init__.py").touch()
     shutil.copyfile(tree.manifest_path, package_dir / mf.MANIFEST_NAME)
     shutil.copytree(tree.csrc_dir, package_dir / "csrc")
-    shutil.copytree(tree.include_dir, package_dir / "csrc" / "include")
+    for header in mf.read(tree.manifest_path).headers:  # only the headers it lists
+        target = package_dir / "csrc" / "include" / header.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tree.header_path(header.path), target)
     return package_dir
