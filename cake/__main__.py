@@ -106,7 +106,11 @@ def _library_problems(programs: loader.ProgramSet):
         if program is None or f"sm_{arch}" not in program.arches:
             yield f"{path}: not a (program, arch) of the manifest"
             continue
-        digest = loader.embedded_digest(path, library)
+        try:
+            digest = loader.embedded_digest(path, library)
+        except loader.LibraryRefused as exc:
+            yield str(exc)
+            continue
         if digest != program.digest:
             yield f"{path}: embeds digest {digest}, the manifest says {program.digest}"
 

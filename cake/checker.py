@@ -354,6 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"check_manifests: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a stat (is_symlink, is_file) on a path we may not look at
+        print(f"check_manifests: error: {exc.filename}: cannot read: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     findings.sort()
     if args.json:
         print(json.dumps({

@@ -181,7 +181,11 @@ class Library:
 def embedded_digest(path: Path, library: str) -> str:
     """The digest a library file embeds (for ``selftest`` and tests); loads the file."""
     handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-    function = getattr(handle, f"{library}_digest")
+    try:
+        function = getattr(handle, f"{library}_digest")
+    except AttributeError:
+        raise LibraryRefused(f"{path}: does not export {library}_digest, so it is not "
+                             f"program {library}") from None
     function.restype, function.argtypes = ctypes.c_char_p, ()
     return function().decode("ascii", "replace")
 
