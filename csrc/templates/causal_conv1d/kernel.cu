@@ -1,0 +1,639 @@
+// Causal depthwise conv1d (width 4) + optional SiLU over packed documents: forward,
+// backward and the fixed-order reduction of the weight/bias gradient partials.
+//
+// Layout: x, y, dy, dx are (S, C) row-major (channels contiguous); weight is (C, 4); bias (C,).
+// A block covers a tile of CHANNEL_THREADS * VEC channels and TOKEN_THREADS * TOKENS_PER_THREAD
+// tokens (the backward: that many tokens ITERATIONS times). Each thread owns VEC consecutive
+// channels (one 16-byte access for VEC = 8, 8-byte for VEC = 4, when C % VEC == 0 and the
+// pointers are aligned; VEC scalar accesses otherwise) and walks a run of TOKENS_PER_THREAD
+// tokens with the three previous x rows in registers. Document starts come from cu_seqlens
+// (binary search once per run, then stepping) or, without it, from a uniform document length.
+//
+// Determinism: the backward writes one fp32 partial per (token tile, channel, tap) into the
+// workspace (no atomics); the reduction kernel sums the tiles of each column in a fixed order
+// that depends only on the number of tiles. Neither depends on the SM count or on timing.
+//
+// Memory safety: every global index is checked against [0, S) x [0, C) on its own, so any
+// cu_seqlens content (even one that fails the host checks) reads and writes only in bounds.
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cake/program.h"
+
+// cake:params
+#define CAKE_DTYPE_BF16 1
+#define CAKE_VEC 8
+#define CAKE_HAS_BIAS 1
+#define CAKE_SILU 1
+#define CAKE_CHANNEL_THREADS 32
+#define CAKE_TOKEN_THREADS 8
+#define CAKE_TOKENS_PER_THREAD 8
+#define CAKE_ITERATIONS 1
+// cake:end-params
+
+namespace cake_library_ns {
+
+#if CAKE_DTYPE_BF16
+using Act = __nv_bfloat16;
+#else
+using Act = __half;
+#endif
+
+constexpr int kVec = CAKE_VEC;  // channels per thread (one 16- or 8-byte access)
+static_assert(kVec == 8 || kVec == 4, "a thread owns 8 or 4 channels");
+constexpr int kWidth = 4;
+constexpr int kChannelThreads = CAKE_CHANNEL_THREADS;
+constexpr int kTokenThreads = CAKE_TOKEN_THREADS;
+constexpr int kThreads = kChannelThreads * kTokenThreads;
+constexpr int kRun = CAKE_TOKENS_PER_THREAD;
+constexpr int kIterations = CAKE_ITERATIONS;
+constexpr int kForwardTileTokens = kTokenThreads * kRun;
+constexpr int kBackwardTileTokens = kTokenThreads * kRun * kIterations;
+constexpr int kTaps = CAKE_HAS_BIAS ? kWidth + 1 : kWidth;  // partial rows: 4 taps (+ bias)
+constexpr int kReduceColumns = 32;
+constexpr int kReduceGroups = 8;
+
+static_assert(kThreads <= 1024 && kThreads % 32 == 0, "block must be whole warps, at most 1024");
+static_assert(kRun >= 1 && kIterations >= 1, "runs and iterations must be positive");
+// Backward smem: one float per (token thread, tap row * VEC channels, channel thread).
+static_assert(kTokenThreads * kTaps * kVec * kChannelThreads * 4 <= 48 * 1024,
+              "backward partial reduction must fit the static 48 KB shared memory");
+
+struct Params {
+  const Act* x;
+  const void* weight;  // (C, 4), Act or float
+  const void* bias;    // (C,), same dtype as weight, or null
+  const int32_t* cu_seqlens;  // (num_docs + 1,) or null
+  int64_t num_docs;
+  int64_t doc_len;  // documents of this length when cu_seqlens is null
+  int64_t tokens;   // S
+  int64_t channels; // C
+  int64_t vectors;  // ceil(C / 8)
+  int64_t channel_tiles;
+  int64_t token_tiles;
+  Act* y;
+  const Act* dy;
+  Act* dx;
+  float* partials;  // (token_tiles, kTaps, C)
+  void* dweight;    // (C, 4)
+  void* dbias;      // (C,)
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// VEC channels of one row, packed (one 16- or 8-byte register group).
+using PackRaw = typename std::conditional<kVec == 8, uint4, uint2>::type;
+struct Pack {
+  PackRaw raw;
+  __device__ __forceinline__ float operator[](int j) const {
+    return to_float(reinterpret_cast<const Act*>(&raw)[j]);
+  }
+};
+
+// Loads VEC channels of row `t`; zeros outside [0, S) x [0, C).
+template <bool kAligned>
+__device__ __forceinline__ Pack load_row(const Act* __restrict__ base, int64_t t, int64_t c0,
+                                         const Params& p) {
+  Pack out;
+  out.raw = PackRaw{};
+  if (t < 0 || t >= p.tokens) return out;
+  const Act* row = base + t * p.channels + c0;
+  if constexpr (kAligned) {
+    out.raw = __ldg(reinterpret_cast<const PackRaw*>(row));
+  } else {
+    Act* v = reinterpret_cast<Act*>(&out.raw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (c0 + j < p.channels) v[j] = row[j];
+  }
+  return out;
+}
+
+template <bool kAligned>
+__device__ __forceinline__ void store_row(Act* __restrict__ base, int64_t t, int64_t c0,
+                                          const Params& p, const float (&v)[kVec]) {
+  if (t < 0 || t >= p.tokens) return;
+  Act* row = base + t * p.channels + c0;
+  if constexpr (kAligned) {
+    PackRaw raw;
+    Act* out = reinterpret_cast<Act*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = from_float<Act>(v[j]);
+    *reinterpret_cast<PackRaw*>(row) = raw;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (c0 + j < p.channels) row[j] = from_float<Act>(v[j]);
+  }
+}
+
+// Per-channel weights (C, 4) and bias for the thread's VEC channels, as floats (0 past C).
+template <typename W>
+__device__ __forceinline__ void load_weights(const Params& p, int64_t c0, float (&w)[kWidth][kVec],
+                                             float (&b)[kVec]) {
+  const W* weight = static_cast<const W*>(p.weight);
+  const W* bias = static_cast<const W*>(p.bias);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const bool in = c0 + j < p.channels;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) w[k][j] = in ? to_float(weight[(c0 + j) * kWidth + k]) : 0.f;
+    b[j] = (CAKE_HAS_BIAS && in) ? to_float(bias[c0 + j]) : 0.f;
+  }
+}
+
+// Start of the document holding the tokens a thread walks. `seek` finds the document of t
+// (cu_seqlens: binary search for the last document starting at or before t); `advance` steps
+// forward as t grows. Values are clamped so that garbage cu_seqlens yields garbage boundaries,
+// never an out-of-bounds access (the cu_seqlens index stays in [0, num_docs]).
+struct DocCursor {
+  int64_t doc, start, end;
+
+  __device__ __forceinline__ void seek(const Params& p, int64_t t) {
+    if (p.cu_seqlens == nullptr) {
+      const int64_t tt = t < 0 ? 0 : t;
+      start = tt / p.doc_len * p.doc_len;  // doc_len >= 1 (checked by the binding)
+      end = start + p.doc_len;
+      return;
+    }
+    int64_t lo = 0, hi = p.num_docs - 1;  // num_docs >= 1 (checked by the binding)
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) >> 1;
+      if (static_cast<int64_t>(__ldg(p.cu_seqlens + mid)) <= t) lo = mid; else hi = mid - 1;
+    }
+    doc = lo;
+    bounds(p);
+  }
+
+  __device__ __forceinline__ void advance(const Params& p, int64_t t) {
+    if (p.cu_seqlens == nullptr) {
+      while (t >= end) { start = end; end += p.doc_len; }
+      return;
+    }
+    while (t >= end && doc + 1 < p.num_docs) {
+      ++doc;
+      bounds(p);
+    }
+  }
+
+  __device__ __forceinline__ void bounds(const Params& p) {
+    start = __ldg(p.cu_seqlens + doc);
+    end = __ldg(p.cu_seqlens + doc + 1);
+    if (start < 0) start = 0;
+  }
+};
+
+// Number of the 3 past taps (x[u-3], x[u-2], x[u-1]) that lie before the document start:
+// tap k is live iff k >= masked_taps(start, u).
+__device__ __forceinline__ int masked_taps(int64_t start, int64_t u) {
+  const int64_t m = start - u + 3;
+  return m < 0 ? 0 : (m > 3 ? 3 : static_cast<int>(m));
+}
+
+// sigmoid with the approximate reciprocal (MUFU.RCP); the same instructions every run.
+__device__ __forceinline__ float sigmoid_of(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
+
+// z = bias + sum_k w[k] x[u-3+k] over live taps, for the VEC channels.
+template <bool kMasked>
+__device__ __forceinline__ void conv(const float (&w)[kWidth][kVec], const float (&b)[kVec],
+                                     const Pack& x0, const Pack& x1, const Pack& x2,
+                                     const Pack& x3, int m, float (&z)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    float acc = fmaf(w[3][j], x3[j], b[j]);
+    if (kMasked) {
+      acc = m <= 2 ? fmaf(w[2][j], x2[j], acc) : acc;
+      acc = m <= 1 ? fmaf(w[1][j], x1[j], acc) : acc;
+      acc = m <= 0 ? fmaf(w[0][j], x0[j], acc) : acc;
+    } else {
+      acc = fmaf(w[2][j], x2[j], acc);
+      acc = fmaf(w[1][j], x1[j], acc);
+      acc = fmaf(w[0][j], x0[j], acc);
+    }
+    z[j] = acc;
+  }
+}
+
+// ------------------------------------------------------------------------------ forward
+
+template <typename W, bool kAligned>
+__device__ __forceinline__ void forward_body(const Params& p) {
+  const int64_t block = blockIdx.x;
+  const int64_t ct = block % p.channel_tiles;
+  const int64_t tt = block / p.channel_tiles;
+  const int64_t vec = ct * kChannelThreads + threadIdx.x % kChannelThreads;
+  if (vec >= p.vectors) return;
+  const int64_t c0 = vec * kVec;
+  const int64_t t0 =
+      tt * kForwardTileTokens + static_cast<int64_t>(threadIdx.x / kChannelThreads) * kRun;
+  if (t0 >= p.tokens) return;
+
+  // Rows t0-3 .. t0+kRun-1, all loads issued before the first use.
+  Pack xs[kRun + 3];
+#pragma unroll
+  for (int i = 0; i < kRun + 3; ++i) xs[i] = load_row<kAligned>(p.x, t0 - 3 + i, c0, p);
+  float w[kWidth][kVec], b[kVec];
+  load_weights<W>(p, c0, w, b);
+
+  DocCursor d;
+  d.seek(p, t0);
+#pragma unroll
+  for (int i = 0; i < kRun; ++i) {
+    const int64_t u = t0 + i;
+    d.advance(p, u);
+    const int m = masked_taps(d.start, u);
+    float z[kVec];
+    if (m == 0) conv<false>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], 0, z);
+    else conv<true>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], m, z);
+    if (CAKE_SILU) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) z[j] *= sigmoid_of(z[j]);
+    }
+    store_row<kAligned>(p.y, u, c0, p, z);
+  }
+}
+
+// ------------------------------------------------------------------------------ backward
+
+// Walks u over [t0, t0+kRun+3): recomputes z[u], forms dz[u] = dy[u] silu'(z[u]), scatters
+// w[k] dz[u] into dx[u-3+k] for live taps (dx[u-3] is then complete and stored), and for u in
+// the run adds dz[u] x[u-3+k] to dweight[k] and dz[u] to dbias.
+template <typename W, bool kAligned>
+__device__ __forceinline__ void backward_run(const Params& p, int64_t t0, int64_t c0,
+                                             const float (&w)[kWidth][kVec], const float (&b)[kVec],
+                                             float (&dw)[kWidth][kVec], float (&db)[kVec]) {
+  Pack xs[kRun + 6];
+#pragma unroll
+  for (int i = 0; i < kRun + 6; ++i) xs[i] = load_row<kAligned>(p.x, t0 - 3 + i, c0, p);
+  float acc[kWidth][kVec];  // acc[k] = dx[u-3+k] being accumulated
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[k][j] = 0.f;
+  DocCursor d;
+  d.seek(p, t0);
+#pragma unroll
+  for (int i = 0; i < kRun + 3; ++i) {
+    const int64_t u = t0 + i;
+    const Pack g = load_row<kAligned>(p.dy, u, c0, p);  // zero past S, so dz = 0 there
+    d.advance(p, u);
+    const int m = masked_taps(d.start, u);
+    float dz[kVec];
+    if (m == 0) conv<false>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], 0, dz);
+    else conv<true>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], m, dz);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (CAKE_SILU) {
+        const float z = dz[j];
+        const float s = sigmoid_of(z);
+        dz[j] = g[j] * s * fmaf(z, 1.f - s, 1.f);
+      } else {
+        dz[j] = g[j];
+      }
+    }
+    if (m == 0) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+#pragma unroll
+        for (int k = 0; k < kWidth; ++k) acc[k][j] = fmaf(w[k][j], dz[j], acc[k][j]);
+      if (i < kRun) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          db[j] += dz[j];
+          dw[0][j] = fmaf(dz[j], xs[i][j], dw[0][j]);
+          dw[1][j] = fmaf(dz[j], xs[i + 1][j], dw[1][j]);
+          dw[2][j] = fmaf(dz[j], xs[i + 2][j], dw[2][j]);
+          dw[3][j] = fmaf(dz[j], xs[i + 3][j], dw[3][j]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        acc[3][j] = fmaf(w[3][j], dz[j], acc[3][j]);
+#pragma unroll
+        for (int k = 0; k < 3; ++k) acc[k][j] = k >= m ? fmaf(w[k][j], dz[j], acc[k][j]) : acc[k][j];
+      }
+      if (i < kRun) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          db[j] += dz[j];
+          dw[3][j] = fmaf(dz[j], xs[i + 3][j], dw[3][j]);
+          dw[2][j] = m <= 2 ? fmaf(dz[j], xs[i + 2][j], dw[2][j]) : dw[2][j];
+          dw[1][j] = m <= 1 ? fmaf(dz[j], xs[i + 1][j], dw[1][j]) : dw[1][j];
+          dw[0][j] = m <= 0 ? fmaf(dz[j], xs[i][j], dw[0][j]) : dw[0][j];
+        }
+      }
+    }
+    if (i >= 3) store_row<kAligned>(p.dx, u - 3, c0, p, acc[0]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      acc[0][j] = acc[1][j];
+      acc[1][j] = acc[2][j];
+      acc[2][j] = acc[3][j];
+      acc[3][j] = 0.f;
+    }
+  }
+}
+
+template <typename W, bool kAligned>
+__device__ __forceinline__ void backward_body(const Params& p) {
+  __shared__ float red[kTokenThreads][kTaps * kVec][kChannelThreads];
+  const int64_t block = blockIdx.x;
+  const int64_t ct = block % p.channel_tiles;
+  const int64_t tt = block / p.channel_tiles;
+  const int tx = threadIdx.x % kChannelThreads;
+  const int ty = threadIdx.x / kChannelThreads;
+  const int64_t vec = ct * kChannelThreads + tx;
+  const int64_t c0 = vec * kVec;
+
+  float dw[kWidth][kVec], db[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    db[j] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) dw[k][j] = 0.f;
+  }
+  if (vec < p.vectors) {
+    float w[kWidth][kVec], b[kVec];
+    load_weights<W>(p, c0, w, b);
+#pragma unroll 1
+    for (int it = 0; it < kIterations; ++it) {
+      const int64_t t0 =
+          tt * kBackwardTileTokens + (static_cast<int64_t>(it) * kTokenThreads + ty) * kRun;
+      if (t0 >= p.tokens) break;
+      backward_run<W, kAligned>(p, t0, c0, w, b, dw, db);
+    }
+  }
+
+  // Fixed-order block reduction over the token threads: one partial per (tile, row, channel).
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) red[ty][k * kVec + j][tx] = dw[k][j];
+    if (CAKE_HAS_BIAS) red[ty][(kTaps - 1) * kVec + j][tx] = db[j];
+  }
+  __syncthreads();
+  for (int item = threadIdx.x; item < kTaps * kVec * kChannelThreads; item += kThreads) {
+    const int row = item / kChannelThreads;  // tap * 8 + channel within the vector
+    const int col = item % kChannelThreads;
+    float sum = 0.f;
+#pragma unroll 8
+    for (int y = 0; y < kTokenThreads; ++y) sum += red[y][row][col];
+    const int64_t c = (ct * kChannelThreads + col) * kVec + row % kVec;
+    if (c < p.channels) p.partials[(tt * kTaps + row / kVec) * p.channels + c] = sum;
+  }
+}
+
+// ------------------------------------------------------------------------------ reduction
+
+// Column col = row * C + c of the partials (row: tap 0..3, or 4 for the bias). Its tiles are
+// split into kReduceGroups contiguous groups; each group is summed in tile order, then the
+// groups in group order. The split depends only on the number of tiles.
+template <typename Out>
+__device__ __forceinline__ void reduce_body(const Params& p) {
+  __shared__ float part[kReduceGroups][kReduceColumns];
+  const int64_t columns = static_cast<int64_t>(kTaps) * p.channels;
+  const int lane = threadIdx.x % kReduceColumns;
+  const int group = threadIdx.x / kReduceColumns;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceColumns + lane;
+  const int64_t chunk = (p.token_tiles + kReduceGroups - 1) / kReduceGroups;
+  const int64_t first = group * chunk;
+  const int64_t last = first + chunk < p.token_tiles ? first + chunk : p.token_tiles;
+  float sum = 0.f;
+  if (col < columns) {
+    const float* src = p.partials + col;
+    int64_t tile = first;
+    for (; tile + 4 <= last; tile += 4) {
+      const float a0 = src[(tile + 0) * columns], a1 = src[(tile + 1) * columns];
+      const float a2 = src[(tile + 2) * columns], a3 = src[(tile + 3) * columns];
+      sum += a0;
+      sum += a1;
+      sum += a2;
+      sum += a3;
+    }
+    for (; tile < last; ++tile) sum += src[tile * columns];
+  }
+  part[group][lane] = sum;
+  __syncthreads();
+  if (group == 0 && col < columns) {
+    float total = 0.f;
+#pragma unroll
+    for (int g = 0; g < kReduceGroups; ++g) total += part[g][lane];
+    const int64_t row = col / p.channels, c = col % p.channels;
+    if (row < kWidth) static_cast<Out*>(p.dweight)[c * kWidth + row] = from_float<Out>(total);
+    else static_cast<Out*>(p.dbias)[c] = from_float<Out>(total);
+  }
+}
+
+}  // namespace cake_library_ns
+
+using cake_library_ns::Act;
+using cake_library_ns::Params;
+
+// Kernel names: <weight: a = activation dtype, f = fp32><access: v = vectors, s = scalar>.
+constexpr int kThreads = cake_library_ns::kThreads;
+
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_av(const Params p) {
+  cake_library_ns::forward_body<Act, true>(p);
+}
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_as(const Params p) {
+  cake_library_ns::forward_body<Act, false>(p);
+}
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_fv(const Params p) {
+  cake_library_ns::forward_body<float, true>(p);
+}
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_fs(const Params p) {
+  cake_library_ns::forward_body<float, false>(p);
+}
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_av(const Params p) {
+  cake_library_ns::backward_body<Act, true>(p);
+}
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_as(const Params p) {
+  cake_library_ns::backward_body<Act, false>(p);
+}
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_fv(const Params p) {
+  cake_library_ns::backward_body<float, true>(p);
+}
+__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_fs(const Params p) {
+  cake_library_ns::backward_body<float, false>(p);
+}
+
+constexpr int kReduceThreads = cake_library_ns::kReduceColumns * cake_library_ns::kReduceGroups;
+
+__global__ void __launch_bounds__(kReduceThreads) kernel_cake_library_reduce_a(const Params p) {
+  cake_library_ns::reduce_body<Act>(p);
+}
+__global__ void __launch_bounds__(kReduceThreads) kernel_cake_library_reduce_f(const Params p) {
+  cake_library_ns::reduce_body<float>(p);
+}
+
+// ------------------------------------------------------------------------------ launchers
+// Called by the binding's entries with the entry's arguments; they check them again (count,
+// sizes, null pointers, limits) and launch. No allocation, no synchronization.
+
+namespace cake_library_ns {
+
+constexpr int64_t kMaxGrid = 0x7fffffff;
+
+inline bool aligned_vec(const void* ptr) {
+  return (reinterpret_cast<uintptr_t>(ptr) % sizeof(PackRaw)) == 0;  // the vector access width
+}
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Token tiles of the backward: the workspace holds kTaps * C floats per tile.
+inline int64_t backward_tiles(int64_t tokens) { return ceil_div(tokens, kBackwardTileTokens); }
+inline int64_t workspace_bytes(int64_t tokens, int64_t channels) {
+  return backward_tiles(tokens) * kTaps * channels * static_cast<int64_t>(sizeof(float));
+}
+
+// Fills the fields shared by forward and backward from args[0..3] and the sizes; returns 0 or
+// an error status with the message written.
+inline int common(const cake::Args& a, int64_t tokens, int64_t channels, int64_t num_docs,
+                  int64_t doc_len, Params& p, char* error, int32_t error_len) {
+  using cake::fail;
+  using cake::kInvalidArgument;
+  if (tokens < 0 || channels < 1)
+    return fail(error, error_len, kInvalidArgument,
+                "tokens must be >= 0 and channels >= 1, got tokens=%lld channels=%lld",
+                static_cast<long long>(tokens), static_cast<long long>(channels));
+  if (channels > (int64_t{1} << 31) || tokens > (int64_t{1} << 40) / channels)
+    return fail(error, error_len, kInvalidArgument,
+                "tokens*channels too large (tokens=%lld channels=%lld)",
+                static_cast<long long>(tokens), static_cast<long long>(channels));
+  p.x = a.ptr<const Act>(0);
+  p.weight = a.ptr<const void>(1);
+  p.bias = a.ptr<const void>(2);
+  p.cu_seqlens = a.ptr<const int32_t>(3);
+  p.num_docs = num_docs;
+  p.doc_len = doc_len;
+  p.tokens = tokens;
+  p.channels = channels;
+  p.vectors = ceil_div(channels, kVec);
+  p.channel_tiles = ceil_div(p.vectors, kChannelThreads);
+  if (p.weight == nullptr) return fail(error, error_len, kInvalidArgument, "weight is null");
+  if (CAKE_HAS_BIAS && p.bias == nullptr)
+    return fail(error, error_len, kInvalidArgument, "bias is null but this program adds a bias");
+  if (!CAKE_HAS_BIAS && p.bias != nullptr)
+    return fail(error, error_len, kInvalidArgument, "bias given but this program has no bias");
+  if (tokens > 0 && p.x == nullptr) return fail(error, error_len, kInvalidArgument, "x is null");
+  if (p.cu_seqlens != nullptr && num_docs < 1)
+    return fail(error, error_len, kInvalidArgument, "num_docs must be >= 1, got %lld",
+                static_cast<long long>(num_docs));
+  if (p.cu_seqlens == nullptr && tokens > 0 && doc_len < 1)
+    return fail(error, error_len, kInvalidArgument,
+                "doc_len must be >= 1 without cu_seqlens, got %lld", static_cast<long long>(doc_len));
+  return cake::kOk;
+}
+
+int forward(const cake::Args& a, cudaStream_t stream, char* error, int32_t error_len) {
+  using cake::fail;
+  if (a.count != 10)
+    return fail(error, error_len, cake::kInvalidArgument, "forward takes 10 arguments, got %d",
+                a.count);
+  Params p{};
+  int status = common(a, a.i64(5), a.i64(6), a.i64(7), a.i64(8), p, error, error_len);
+  if (status != cake::kOk) return status;
+  p.y = a.ptr<Act>(4);
+  const bool weight_fp32 = a.i64(9) != 0;
+  if (p.tokens == 0) return cake::kOk;
+  if (p.y == nullptr) return fail(error, error_len, cake::kInvalidArgument, "y is null");
+  const int64_t blocks = p.channel_tiles * ceil_div(p.tokens, kForwardTileTokens);
+  if (blocks > kMaxGrid)
+    return fail(error, error_len, cake::kInvalidArgument, "too many blocks (%lld)",
+                static_cast<long long>(blocks));
+  const bool vec = p.channels % kVec == 0 && aligned_vec(p.x) && aligned_vec(p.y);
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
+  if (weight_fp32) {
+    if (vec) kernel_cake_library_forward_fv<<<grid, block, 0, stream>>>(p);
+    else kernel_cake_library_forward_fs<<<grid, block, 0, stream>>>(p);
+  } else {
+    if (vec) kernel_cake_library_forward_av<<<grid, block, 0, stream>>>(p);
+    else kernel_cake_library_forward_as<<<grid, block, 0, stream>>>(p);
+  }
+  return cake::launch_status(error, error_len, "forward launch");
+}
+
+int backward(const cake::Args& a, cudaStream_t stream, char* error, int32_t error_len) {
+  using cake::fail;
+  if (a.count != 16)
+    return fail(error, error_len, cake::kInvalidArgument, "backward takes 16 arguments, got %d",
+                a.count);
+  Params p{};
+  int status = common(a, a.i64(10), a.i64(11), a.i64(12), a.i64(13), p, error, error_len);
+  if (status != cake::kOk) return status;
+  p.dy = a.ptr<const Act>(4);
+  p.dx = a.ptr<Act>(5);
+  p.dweight = a.ptr<void>(6);
+  p.dbias = a.ptr<void>(7);
+  p.partials = a.ptr<float>(8);
+  const int64_t have = a.i64(9);
+  const bool weight_fp32 = a.i64(14) != 0;
+  const bool grad_fp32 = a.i64(15) != 0;
+  if (p.dweight == nullptr) return fail(error, error_len, cake::kInvalidArgument, "dweight is null");
+  if (CAKE_HAS_BIAS && p.dbias == nullptr)
+    return fail(error, error_len, cake::kInvalidArgument, "dbias is null");
+  if (p.tokens > 0 && (p.dy == nullptr || p.dx == nullptr))
+    return fail(error, error_len, cake::kInvalidArgument, "dy or dx is null");
+  const int64_t need = workspace_bytes(p.tokens, p.channels);
+  if (have < need || (need > 0 && p.partials == nullptr))
+    return fail(error, error_len, cake::kInvalidArgument,
+                "workspace has %lld bytes, needs %lld", static_cast<long long>(have),
+                static_cast<long long>(need));
+  p.token_tiles = backward_tiles(p.tokens);
+  const int64_t blocks = p.channel_tiles * p.token_tiles;
+  if (blocks > kMaxGrid)
+    return fail(error, error_len, cake::kInvalidArgument, "too many blocks (%lld)",
+                static_cast<long long>(blocks));
+  if (p.tokens > 0) {
+    const bool vec = p.channels % kVec == 0 && aligned_vec(p.x) && aligned_vec(p.dy) &&
+                     aligned_vec(p.dx);
+    const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
+    if (weight_fp32) {
+      if (vec) kernel_cake_library_backward_fv<<<grid, block, 0, stream>>>(p);
+      else kernel_cake_library_backward_fs<<<grid, block, 0, stream>>>(p);
+    } else {
+      if (vec) kernel_cake_library_backward_av<<<grid, block, 0, stream>>>(p);
+      else kernel_cake_library_backward_as<<<grid, block, 0, stream>>>(p);
+    }
+    status = cake::launch_status(error, error_len, "backward launch");
+    if (status != cake::kOk) return status;
+  }
+  const dim3 rgrid(static_cast<unsigned>(ceil_div(kTaps * p.channels, kReduceColumns)));
+  const dim3 rblock(kReduceColumns * kReduceGroups);
+  // dweight/dbias in fp32, or in the weight's dtype (the activation dtype or fp32).
+  if (grad_fp32 || weight_fp32) kernel_cake_library_reduce_f<<<rgrid, rblock, 0, stream>>>(p);
+  else kernel_cake_library_reduce_a<<<rgrid, rblock, 0, stream>>>(p);
+  return cake::launch_status(error, error_len, "reduce launch");
+}
+
+int query_workspace_bytes(const cake::Args& a, char* error, int32_t error_len) {
+  using cake::fail;
+  if (a.count != 3)
+    return fail(error, error_len, cake::kInvalidArgument,
+                "workspace_bytes takes 3 arguments, got %d", a.count);
+  const int64_t tokens = a.i64(0), channels = a.i64(1);
+  int64_t* out = a.ptr<int64_t>(2);
+  if (tokens < 0 || channels < 1 || out == nullptr)
+    return fail(error, error_len, cake::kInvalidArgument,
+                "workspace_bytes: need tokens >= 0, channels >= 1 and an output pointer");
+  *out = workspace_bytes(tokens, channels);
+  return cake::kOk;
+}
+
+}  // namespace cake_library_ns
