@@ -234,8 +234,10 @@ def test_json_report(toy):
     assert report["ok"] is False and report["manifests"] == 2 and report["programs"] == 5
     assert [(f["code"], f["path"]) for f in report["findings"]] == \
         [("CM304", str(layout.manifest_path))]
-    clean = run_checker("--json", toy.root, cwd=toy.root)
-    assert clean.returncode == 1  # still the same finding when run from inside the tree
+    from_inside = run_checker("--json", cwd=toy.root)
+    assert from_inside.returncode == 1
+    assert [f["path"] for f in json.loads(from_inside.stdout)["findings"]] == \
+        [f"manifests/{FAMILY_A}.json"]  # paths as given: relative to the current directory
 
 
 def test_other_family_unaffected(toy):

@@ -220,3 +220,11 @@ def test_render_error_is_one_line(toy):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("render: error:") and "cake:params" in result.stderr
+
+
+def test_repository_render_is_current():
+    """This checkout's generated programs and manifests are what its tables render."""
+    result = subprocess.run([sys.executable, str(RENDERER), "--check"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, \
+        result.stdout + result.stderr + "\nrun 'python tools/render.py' and commit the result"
