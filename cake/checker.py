@@ -233,17 +233,24 @@ def _raise(exc: OSError) -> None:
 def check_vendored_imports(package_dir: Path) -> Iterator[Finding]:
     """CM701: a vendored package may import only itself (relatively), stdlib and torch."""
     allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
-    for file in sorted(Path(package_dir).rglob("*.py")):
+    package_dir = Path(package_dir)
+    for file in sorted(package_dir.rglob("*.py")):
         try:
             tree = ast.parse(_read(file), str(file))
         except SyntaxError as exc:
             yield Finding(str(file), f"line {exc.lineno}", "CM701", f"cannot parse: {exc.msg}")
             continue
+        # A relative import of more dots than this leaves the vendored package (into the host).
+        most_dots = len(file.relative_to(package_dir).parts)
         for node in ast.walk(tree):
             for name, line in _absolute_imports(node):
                 if name.split(".")[0] not in allowed:
                     yield Finding(str(file), f"line {line}", "CM701",
                                   f"imports {name}; only relative, stdlib and torch are allowed")
+            if isinstance(node, ast.ImportFrom) and node.level > most_dots:
+                name = "." * node.level + (node.module or "")
+                yield Finding(str(file), f"line {node.lineno}", "CM701",
+                              f"imports {name}, which leaves the vendored package")
 
 
 def _absolute_imports(node: ast.AST) -> Iterator[tuple[str, int]]:

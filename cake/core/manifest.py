@@ -97,6 +97,9 @@ FINDING_CODES = {
     "CM602": "header bytes differ from the recorded sha256",
     "CM603": "program uses a header the manifest does not list",
     "CM701": "vendored Python file imports something other than its own package, stdlib or torch",
+    "CM702": "vendored manifest differs from upstream in a field other than package",
+    "CM703": "vendored file edited, removed or added since tools/vendor.py wrote the copy",
+    "CM704": "vendored package has no valid VENDORED.json (the record tools/vendor.py writes)",
 }
 
 
