@@ -1,0 +1,298 @@
+"""Autograd function and public entries of the causal conv1d family.
+
+Eager calls go through :class:`CakeCausalConv1dDetFunction` (a plain ``autograd.Function``:
+the least host work per call). Under ``torch.compile`` the functional uses the custom ops
+``cake::causal_conv1d_det_forward`` / ``cake::causal_conv1d_det_backward`` instead, which the
+compiler treats as opaque (fake implementations give the output shapes). Both launch through
+:func:`_forward_into` and :func:`_backward_into`.
+
+CUDA graphs: the entries never synchronize and, with ``out``/``dx``/``dweight``/``dbias``/
+``workspace`` given, never allocate. cu_seqlens' values are checked (one device read) only when
+the stream is not capturing; under capture only its dtype/shape/device are checked, and the
+kernels stay memory-safe for any content.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from ..core import host
+from . import _routes
+from ._validate import Problem, validate_backward, validate_forward, validate_inputs
+
+_FORWARD_ARITY = 5  # x, weight, bias, cu_seqlens, activation
+
+
+def _library(problem: Problem):
+    programs = host.program_set(__file__)
+    index = problem.device.index
+    arch = host.device_arch(problem.device)
+    program = _routes.select(programs.manifest, problem, arch)
+    return programs.library(program, index)
+
+
+def _ptr(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.data_ptr()
+
+
+def _workspace_bytes(problem: Problem, library=None) -> int:
+    if problem.tokens == 0:
+        return 0
+    out = ctypes.c_int64(-1)
+    (library or _library(problem)).entry("workspace_bytes")(
+        [problem.tokens, problem.channels, ctypes.addressof(out)], 0)
+    return out.value
+
+
+# ``library`` (default: the routed program) lets the tile-tuning benchmark run other programs.
+def _forward_into(problem: Problem, x, weight, bias, cu_seqlens, y, library=None) -> None:
+    (library or _library(problem)).entry("forward")(
+        [_ptr(x), _ptr(weight), _ptr(bias), _ptr(cu_seqlens), _ptr(y), problem.tokens,
+         problem.channels, problem.num_docs, problem.doc_len, int(problem.weight_fp32)],
+        host.stream_handle(problem.device))
+
+
+def _backward_into(problem: Problem, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
+                   workspace, workspace_bytes: int, library=None) -> None:
+    (library or _library(problem)).entry("backward")(
+        [_ptr(x), _ptr(weight), _ptr(bias), _ptr(cu_seqlens), _ptr(dy), _ptr(dx),
+         _ptr(dweight), _ptr(dbias), _ptr(workspace), workspace_bytes, problem.tokens,
+         problem.channels, problem.num_docs, problem.doc_len, int(problem.weight_fp32),
+         int(dweight.dtype == torch.float32)],
+        host.stream_handle(problem.device))
+
+
+def _backward(problem: Problem, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=None,
+              dweight=None, dbias=None, workspace=None):
+    """Allocates what the caller did not provide, then launches; returns (dx, dweight, dbias)."""
+    need = _workspace_bytes(problem)
+    if dx is None:
+        dx = torch.empty_like(x)
+    if dweight is None:
+        dweight = torch.empty(weight.shape, dtype=grad_dtype, device=x.device)
+    if dbias is None and bias is not None:
+        dbias = torch.empty(bias.shape, dtype=grad_dtype, device=x.device)
+    if workspace is None and need:
+        workspace = torch.empty(need, dtype=torch.uint8, device=x.device)
+    _backward_into(problem, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
+                   0 if workspace is None else workspace.numel() * workspace.element_size())
+    return dx, dweight, dbias
+
+
+# --------------------------------------------------------------------------- public helpers
+
+
+def cake_causal_conv1d_det_train_forward(
+        x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None, *, activation: Optional[str] = "silu",
+        out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Forward only (no autograd): ``y = silu(causal_conv1d(x))`` per document.
+
+    Args:
+        x: bf16/fp16 ``[S, C]`` (packed documents) or ``[B, T, C]`` (B documents of T tokens),
+            contiguous, on a CUDA device.
+        weight: ``[C, 4]``, x's dtype or fp32. bias: ``[C]`` in weight's dtype, or None.
+        cu_seqlens: int32 ``[N + 1]`` document offsets on x's device (0, ..., S), or None for
+            one document (``[S, C]``) or with ``[B, T, C]``.
+        activation: ``"silu"`` or None (y = z).
+        out: optional preallocated y (x's shape and dtype); written and returned.
+
+    Returns:
+        y, shaped like x.
+
+    Example::
+
+        >>> x = torch.randn(1000, 512, device="cuda", dtype=torch.bfloat16)
+        >>> w = torch.randn(512, 4, device="cuda", dtype=torch.bfloat16)
+        >>> cu = torch.tensor([0, 300, 1000], device="cuda", dtype=torch.int32)
+        >>> y = cake_causal_conv1d_det_train_forward(x, w, None, cu)
+    """
+    problem = validate_forward(x, weight, bias, cu_seqlens, activation, out)
+    y = torch.empty_like(x) if out is None else out
+    if problem.tokens:
+        _forward_into(problem, x, weight, bias, cu_seqlens, y)
+    return y
+
+
+def cake_causal_conv1d_det_train_backward(
+        dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+        bias: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None, *,
+        activation: Optional[str] = "silu", grad_dtype: torch.dtype = torch.float32,
+        dx: Optional[torch.Tensor] = None, dweight: Optional[torch.Tensor] = None,
+        dbias: Optional[torch.Tensor] = None,
+        workspace: Optional[torch.Tensor] = None) -> tuple:
+    """Backward from dy (recomputes z from the inputs): returns ``(dx, dweight, dbias)``.
+
+    Args:
+        dy: like x (shape and dtype). x, weight, bias, cu_seqlens, activation: as the forward.
+        grad_dtype: dtype of dweight/dbias, ``torch.float32`` (default) or the weight's dtype;
+            both are accumulated in fp32.
+        dx, dweight, dbias: optional preallocated outputs (``[*x.shape]`` x.dtype; ``[C, 4]``
+            and ``[C]`` grad_dtype).
+        workspace: optional device buffer of at least
+            :func:`cake_causal_conv1d_det_train_backward_workspace_bytes` bytes, 16-byte
+            aligned; with it and all outputs given, nothing is allocated.
+
+    Returns:
+        ``(dx, dweight, dbias)``; dbias is None without bias. Bitwise identical run to run.
+
+    Example::
+
+        >>> dy = torch.randn_like(x)
+        >>> dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, None, cu)
+    """
+    need = None
+    if workspace is not None:
+        problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
+        need = _workspace_bytes(problem)
+    problem = validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx,
+                                dweight, dbias, workspace, need or 0)
+    return _backward(problem, dy, x, weight, bias, cu_seqlens, grad_dtype, dx, dweight, dbias,
+                     workspace)
+
+
+def cake_causal_conv1d_det_train_backward_workspace_bytes(
+        x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None, *,
+        activation: Optional[str] = "silu") -> int:
+    """Bytes of device workspace the backward needs for these inputs (0 for S = 0).
+
+    It depends on S, C, the bias and the program the call routes to (one fp32 partial per
+    backward token tile, tap and channel). Loads (or JIT-compiles) that program.
+
+    Example::
+
+        >>> n = cake_causal_conv1d_det_train_backward_workspace_bytes(x, w, None, cu)
+        >>> ws = torch.empty(n, dtype=torch.uint8, device="cuda")
+    """
+    return _workspace_bytes(validate_inputs(x, weight, bias, cu_seqlens, activation))
+
+
+def is_cake_causal_conv1d_det_train_supported(device: Optional[torch.device | int] = None, *,
+                                              dtype: torch.dtype = torch.bfloat16) -> bool:
+    """True when a CUDA device is present (``device``, default the current one), its arch is
+    one the programs are built for, and ``dtype`` (x's) is bf16 or fp16. Compiles nothing."""
+    if dtype not in (torch.bfloat16, torch.float16) or not torch.cuda.is_available():
+        return False
+    device = torch.device("cuda", torch.cuda.current_device() if device is None else
+                          (device if isinstance(device, int) else device.index or 0))
+    if device.index >= torch.cuda.device_count():
+        return False
+    arch = host.device_arch(device)
+    programs = host.program_set(__file__)
+    return any(arch in p.arches for p in programs.manifest.programs)
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class CakeCausalConv1dDetFunction(torch.autograd.Function):
+    """``apply(x, weight, bias, cu_seqlens, activation)``: y with a deterministic backward.
+
+    Saves only the inputs; the backward recomputes z. Gradients come in the inputs' dtypes
+    (dweight/dbias in the weight's dtype, accumulated in fp32).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, cu_seqlens, activation):
+        problem = validate_forward(x, weight, bias, cu_seqlens, activation, None)
+        y = torch.empty_like(x)
+        if problem.tokens:
+            _forward_into(problem, x, weight, bias, cu_seqlens, y)
+        ctx.problem = problem
+        ctx.save_for_backward(x, weight, bias, cu_seqlens)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, cu_seqlens = ctx.saved_tensors
+        # Upstream gradients may be broadcast views (e.g. from .sum()); the kernel reads
+        # dense rows, so this internal copy is needed (inputs were checked in forward).
+        dy = dy.contiguous()
+        dx, dweight, dbias = _backward(ctx.problem, dy, x, weight, bias, cu_seqlens,
+                                       weight.dtype)
+        return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dweight, 2: dbias})
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+@torch.library.custom_op("cake::causal_conv1d_det_forward", mutates_args=())
+def _forward_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                cu_seqlens: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    return cake_causal_conv1d_det_train_forward(
+        x, weight, bias, cu_seqlens, activation=None if activation == "none" else activation)
+
+
+@_forward_op.register_fake
+def _(x, weight, bias, cu_seqlens, activation):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cake::causal_conv1d_det_backward", mutates_args=())
+def _backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                 bias: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                 activation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dweight, dbias = cake_causal_conv1d_det_train_backward(
+        dy.contiguous(), x, weight, bias, cu_seqlens,
+        activation=None if activation == "none" else activation, grad_dtype=weight.dtype)
+    return dx, dweight, (dbias if dbias is not None else weight.new_empty(0))
+
+
+@_backward_op.register_fake
+def _(dy, x, weight, bias, cu_seqlens, activation):
+    return (torch.empty_like(x), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else weight.new_empty(0))
+
+
+def _op_setup_context(ctx, inputs, output):
+    x, weight, bias, cu_seqlens, activation = inputs
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight, bias, cu_seqlens)
+
+
+def _op_backward(ctx, dy):
+    x, weight, bias, cu_seqlens = ctx.saved_tensors
+    dx, dweight, dbias = _backward_op(dy, x, weight, bias, cu_seqlens, ctx.activation)
+    return dx, dweight, (dbias if ctx.has_bias else None), None, None
+
+
+_forward_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+
+
+def cake_causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor,
+                           bias: Optional[torch.Tensor] = None,
+                           cu_seqlens: Optional[torch.Tensor] = None, *,
+                           activation: Optional[str] = "silu") -> torch.Tensor:
+    """Causal depthwise conv1d (width 4) + SiLU over packed documents, with autograd.
+
+    For token t of document [s, e): ``z[t, c] = bias[c] + sum_k weight[c, k] * x[t-3+k, c]``
+    (terms before s are 0) and ``y = silu(z)`` (or z with ``activation=None``). The backward
+    is deterministic (bitwise identical run to run, process to process, stream to stream).
+
+    Args:
+        x: bf16/fp16 ``[S, C]`` with ``cu_seqlens`` (or one document), or ``[B, T, C]``.
+        weight: ``[C, 4]`` in x's dtype or fp32. bias: ``[C]`` in weight's dtype, or None.
+        cu_seqlens: int32 ``[N + 1]`` on x's device: 0, non-decreasing, S; or None.
+        activation: ``"silu"`` (default) or None.
+
+    Returns:
+        y, shaped like x, in x's dtype.
+
+    Example::
+
+        >>> import torch
+        >>> from cake.cake_causal_conv1d_det_train import cake_causal_conv1d_det
+        >>> x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        >>> w = torch.randn(512, 4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        >>> cu = torch.tensor([0, 1000, 4096], device="cuda", dtype=torch.int32)
+        >>> cake_causal_conv1d_det(x, w, None, cu).float().square().sum().backward()
+    """
+    if torch.compiler.is_compiling():
+        return _forward_op(x, weight, bias, cu_seqlens,
+                           "none" if activation is None else activation)
+    return CakeCausalConv1dDetFunction.apply(x, weight, bias, cu_seqlens, activation)

@@ -1,0 +1,124 @@
+"""Host-side validation of the causal conv1d entries: every check runs before any launch and
+raises ``TypeError``/``ValueError`` naming the argument (shared helpers in ``core.host``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..core import host
+
+WIDTH = 4
+ACTIVATIONS = ("silu", None)
+DTYPES = (torch.bfloat16, torch.float16)
+_X_SHAPE = "[S, C] (with cu_seqlens or one document) or [B, T, C] (B documents of T tokens)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What one call computes, as the router and the entries need it."""
+
+    device: torch.device
+    dtype: torch.dtype
+    tokens: int
+    channels: int
+    num_docs: int
+    """Documents in cu_seqlens (0 without it)."""
+    doc_len: int
+    """Tokens per document without cu_seqlens (T for [B, T, C], S for [S, C])."""
+    weight_fp32: bool
+    has_bias: bool
+    activation: str | None
+
+    @property
+    def variant(self) -> dict:
+        return {"dtype": host.dtype_name(self.dtype), "bias": self.has_bias,
+                "activation": self.activation or "none"}
+
+
+def validate_inputs(x, weight, bias, cu_seqlens, activation) -> Problem:
+    host.check_choice("activation", activation, ACTIVATIONS)
+    host.check_tensor("x", x, dtypes=DTYPES, ndims=(2, 3), shape_hint=_X_SHAPE)
+    channels = x.shape[-1]
+    host.check_tensor("weight", weight, dtypes=(x.dtype, torch.float32), ndims=(2,),
+                      shape_hint=f"[C, {WIDTH}]")
+    host.check_same_device("x", x, {"weight": weight})
+    if weight.shape[1] != WIDTH:
+        raise ValueError(f"weight: only width {WIDTH} is supported, got {host.describe(weight)}")
+    if weight.shape[0] != channels:
+        raise ValueError(f"weight: expected [C, {WIDTH}] with C = {channels} (x's channels), "
+                         f"got {host.describe(weight)}")
+    if channels < 1:
+        raise ValueError(f"x: expected at least one channel, got {host.describe(x)}")
+    if bias is not None:
+        host.check_tensor("bias", bias, dtypes=(weight.dtype,), ndims=(1,),
+                          shape_hint=f"[C] in weight's dtype")
+        host.check_same_device("x", x, {"bias": bias})
+        if bias.shape[0] != channels:
+            raise ValueError(f"bias: expected [C] with C = {channels}, got {host.describe(bias)}")
+    if x.dim() == 3:
+        if cu_seqlens is not None:
+            raise ValueError("cu_seqlens: must be None for x of shape [B, T, C] "
+                             f"(got x {host.describe(x)}); pass x as [S, C] to pack documents")
+        tokens, num_docs, doc_len = x.shape[0] * x.shape[1], 0, max(x.shape[1], 1)
+    else:
+        tokens = x.shape[0]
+        if cu_seqlens is None:
+            num_docs, doc_len = 0, max(tokens, 1)
+        else:
+            num_docs = host.check_cu_seqlens("cu_seqlens", cu_seqlens, tokens=tokens,
+                                             device=x.device)
+            doc_len = 0
+    return Problem(device=x.device, dtype=x.dtype, tokens=tokens, channels=channels,
+                   num_docs=num_docs, doc_len=doc_len, weight_fp32=weight.dtype == torch.float32,
+                   has_bias=bias is not None, activation=activation)
+
+
+def validate_forward(x, weight, bias, cu_seqlens, activation, out) -> Problem:
+    problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
+    if out is not None:
+        host.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
+        host.check_disjoint({"out": out}, {"x": x})
+    return problem
+
+
+def validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype,
+                      dx, dweight, dbias, workspace, workspace_bytes) -> Problem:
+    problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
+    host.check_tensor("dy", dy, dtypes=(x.dtype,), ndims=(x.dim(),), shape_hint="like x")
+    host.check_same_device("x", x, {"dy": dy})
+    if dy.shape != x.shape:
+        raise ValueError(f"dy: expected the shape of x {list(x.shape)}, got {host.describe(dy)}")
+    if grad_dtype not in (torch.float32, weight.dtype):
+        raise ValueError(f"grad_dtype: expected torch.float32 or the weight's dtype "
+                         f"{weight.dtype}, got {grad_dtype!r}")
+    outputs = {}
+    if dx is not None:
+        outputs["dx"] = host.check_output("dx", dx, shape=x.shape, dtype=x.dtype, device=x.device)
+    if dweight is not None:
+        outputs["dweight"] = host.check_output("dweight", dweight, shape=weight.shape,
+                                               dtype=grad_dtype, device=x.device)
+    if dbias is not None:
+        if bias is None:
+            raise ValueError("dbias: given, but there is no bias")
+        outputs["dbias"] = host.check_output("dbias", dbias, shape=bias.shape, dtype=grad_dtype,
+                                             device=x.device)
+    if workspace is not None:
+        if not isinstance(workspace, torch.Tensor):
+            raise TypeError(f"workspace: expected a torch.Tensor or None, "
+                            f"got {type(workspace).__name__}")
+        if workspace.device != x.device or not workspace.is_contiguous():
+            raise ValueError(f"workspace: expected a contiguous tensor on {x.device}, "
+                             f"got {host.describe(workspace)}")
+        have = workspace.numel() * workspace.element_size()
+        if have < workspace_bytes:
+            raise ValueError(f"workspace: needs {workspace_bytes} bytes "
+                             "(cake_causal_conv1d_det_train_backward_workspace_bytes), "
+                             f"got {have} ({host.describe(workspace)})")
+        if workspace.data_ptr() % 16:
+            raise ValueError("workspace: must be 16-byte aligned")
+        outputs["workspace"] = workspace
+    host.check_disjoint(outputs, {"dy": dy, "x": x, "weight": weight, "bias": bias,
+                                  "cu_seqlens": cu_seqlens})
+    return problem

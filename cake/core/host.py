@@ -1,0 +1,233 @@
+"""Torch-side host code shared by the family packages (imports torch; ``cake`` itself does not).
+
+Family packages validate arguments, pick a program and launch it through these helpers, so
+every family reports bad input the same way and none copies another's glue:
+
+* validation: :func:`check_tensor`, :func:`check_same_device`, :func:`check_output`,
+  :func:`check_cu_seqlens` raise ``TypeError``/``ValueError`` that name the argument and say
+  what was expected and what came; nothing is coerced (no silent ``.contiguous()``);
+* launching: :func:`stream_handle`, :func:`is_capturing`, :func:`program_set`;
+* routing: :func:`select_program` over the manifest's ``variant``/``route`` fields;
+* autograd: :func:`backward_result` builds a ``backward`` return tuple tied to forward's arity.
+
+Vendoring copies ``core`` verbatim: only relative imports, torch imported here directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from . import loader
+from . import manifest as mf
+
+# --------------------------------------------------------------------------- validation
+
+
+def describe(tensor: torch.Tensor) -> str:
+    """``bfloat16[4096, 512] on cuda:0`` (strides added when not contiguous)."""
+    dtype = str(tensor.dtype).replace("torch.", "")
+    text = f"{dtype}{list(tensor.shape)} on {tensor.device}"
+    if not tensor.is_contiguous():
+        text += f" with strides {tuple(tensor.stride())}"
+    return text
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(name: str, value: object, *, dtypes: Sequence[torch.dtype],
+                 ndims: Sequence[int], shape_hint: str,
+                 device_type: str = "cuda") -> torch.Tensor:
+    """A contiguous tensor on a ``device_type`` device, of one of ``dtypes``, with one of
+    ``ndims`` dimensions.
+
+    ``shape_hint`` (e.g. ``"[S, C] or [B, T, C]"``) goes into the message. Raises
+    ``TypeError`` for a non-tensor or a wrong dtype, ``ValueError`` for the rest. Checks run
+    in this order: type, dtype, device, rank, contiguity.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor {shape_hint}, got {type(value).__name__}")
+    if value.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype {_dtype_names(dtypes)}, got {describe(value)}")
+    if value.device.type != device_type:
+        raise ValueError(f"{name}: expected a {device_type.upper()} tensor, got {describe(value)}")
+    if value.dim() not in ndims:
+        raise ValueError(f"{name}: expected shape {shape_hint}, got {describe(value)}")
+    if not value.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor {shape_hint} (innermost stride 1, "
+                         f"rows dense), got {describe(value)}; call .contiguous() first if a "
+                         "copy is acceptable")
+    return value
+
+
+def check_same_device(reference_name: str, reference: torch.Tensor,
+                      others: Mapping[str, torch.Tensor | None]) -> None:
+    """Every tensor in ``others`` (None skipped) is on ``reference``'s device."""
+    for name, tensor in others.items():
+        if tensor is not None and tensor.device != reference.device:
+            raise ValueError(f"{name}: expected a tensor on {reference.device} (the device of "
+                             f"{reference_name}), got {describe(tensor)}")
+
+
+def check_output(name: str, value: object, *, shape: Sequence[int], dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """A caller-provided output buffer: exactly this shape/dtype/device, contiguous."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(value).__name__}")
+    want = f"{str(dtype).replace('torch.', '')}{list(shape)} on {device}"
+    if value.dtype != dtype:
+        raise TypeError(f"{name}: expected a contiguous {want}, got {describe(value)}")
+    if tuple(value.shape) != tuple(shape) or value.device != device or not value.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous {want}, got {describe(value)}")
+    return value
+
+
+def check_disjoint(outputs: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor | None]) -> None:
+    """No output buffer shares memory with an input or another output (kernels read while
+    they write)."""
+    items = [(n, t) for n, t in list(outputs.items()) + list(inputs.items()) if t is not None]
+    for i, (out_name, out) in enumerate(items[:len(outputs)]):
+        for other_name, other in items[i + 1:]:
+            if out.numel() and other.numel() and _overlap(out, other):
+                raise ValueError(f"{out_name}: must not share memory with {other_name}")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1 = a0 + a.numel() * a.element_size()
+    b1 = b0 + b.numel() * b.element_size()
+    return a0 < b1 and b0 < a1
+
+
+# cu_seqlens tensors whose values were read and found valid: id -> (weakref, version, tokens).
+_valid_cu_seqlens: dict[int, tuple[weakref.ref, int, int]] = {}
+
+
+def check_cu_seqlens(name: str, value: object, *, tokens: int, device: torch.device) -> int:
+    """Validates packed-document offsets; returns the number of documents.
+
+    Checked always (no device access): a 1-D contiguous int32 CUDA tensor on ``device`` with at
+    least 2 entries. Checked by reading the values (one small device-to-host copy, which waits
+    for the stream) when the current stream is not capturing a CUDA graph: starts at 0,
+    non-decreasing, ends at ``tokens``. A tensor that passed is remembered (by identity and its
+    version counter), so calling again with the same, unmodified tensor reads nothing. Under
+    graph capture the values cannot be read; the kernels stay memory-safe for any content.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected an int32 CUDA tensor [N + 1] or None, "
+                        f"got {type(value).__name__}")
+    if value.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype int32, got {describe(value)}")
+    if value.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor on {device}, got {describe(value)}")
+    if value.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got {describe(value)}")
+    if value.dim() != 1 or value.shape[0] < 2 or not value.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous 1-D tensor [N + 1] with N >= 1, "
+                         f"got {describe(value)}")
+    known = _valid_cu_seqlens.get(id(value))
+    if known is not None and known[0]() is value and known[1] == value._version \
+            and known[2] == tokens:
+        return value.shape[0] - 1
+    if is_capturing():
+        return value.shape[0] - 1
+    values = value.tolist()
+    if values[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {values[0]}")
+    if values[-1] != tokens:
+        raise ValueError(f"{name}: must end at the token count {tokens}, got {values[-1]}")
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(f"{name}: must be non-decreasing, but entry {i} ({values[i]}) < "
+                             f"entry {i - 1} ({values[i - 1]})")
+    key = id(value)
+    _valid_cu_seqlens[key] = (weakref.ref(value, lambda _, k=key: _valid_cu_seqlens.pop(k, None)),
+                              value._version, tokens)
+    return value.shape[0] - 1
+
+
+def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    if value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name}: expected one of {shown}, got {value!r}")
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def stream_handle(device: torch.device) -> int:
+    """The raw ``cudaStream_t`` of the current stream on ``device``."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def is_capturing() -> bool:
+    """True while the current stream captures a CUDA graph (no device reads allowed)."""
+    return torch.cuda.is_current_stream_capturing()
+
+
+def program_set(package_file: str) -> loader.ProgramSet:
+    """The :class:`~cake.core.loader.ProgramSet` of the family package holding ``package_file``."""
+    return loader.ProgramSet.for_package(Path(package_file).resolve().parent)
+
+
+def device_arch(device: torch.device) -> str | None:
+    return loader.device(device.index if device.index is not None else
+                         torch.cuda.current_device()).arch
+
+
+# --------------------------------------------------------------------------- routing
+
+
+class NoRoute(ValueError):
+    """No program of the manifest serves this variant and problem size."""
+
+
+def select_program(manifest: mf.Manifest, *, variant: Mapping[str, object], arch: str | None,
+                   bands: Mapping[str, int], floors: Mapping[str, int]) -> mf.Program:
+    """The program for one call, from the manifest's ``variant`` and ``route`` fields.
+
+    Candidates: programs whose ``variant`` equals ``variant`` on its keys, built for ``arch``
+    (when given), and, for each ``name -> value`` in ``bands``, with
+    ``route[name_min] <= value <= route[name_max]``, and for each in ``floors`` with
+    ``route[name_min] <= value``. Among them the one with the highest floors (compared in
+    ``floors`` order) wins. Raises :class:`NoRoute` naming what was asked.
+    """
+    best, best_key = None, None
+    for program in manifest.programs:
+        if program.kcp or any(program.variant.get(k) != v for k, v in variant.items()):
+            continue
+        if arch is not None and arch not in program.arches:
+            continue
+        route = program.route
+        if any(not route[f"{n}_min"] <= v <= route[f"{n}_max"] for n, v in bands.items()):
+            continue
+        if any(route[f"{n}_min"] > v for n, v in floors.items()):
+            continue
+        key = tuple(route[f"{n}_min"] for n in floors)
+        if best_key is None or key > best_key:
+            best, best_key = program, key
+    if best is None:
+        asked = ", ".join(f"{k}={v!r}" for k, v in {**variant, **bands, **floors}.items())
+        raise NoRoute(f"no program of {manifest.package} serves {asked}"
+                      + (f" on {arch}" if arch else ""))
+    return best
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+def backward_result(arity: int, grads: Mapping[int, torch.Tensor | None]) -> tuple:
+    """A ``backward`` return for a forward of ``arity`` inputs: ``grads[i]`` at position i,
+    None elsewhere (so adding a forward argument cannot shift the gradients)."""
+    return tuple(grads.get(i) for i in range(arity))
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

@@ -1,0 +1,298 @@
+"""CPU tests of the causal conv1d family: reference, route table, host validation, names."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cake.core import host  # noqa: E402
+from cake.core import manifest as mf  # noqa: E402
+from cake.cake_causal_conv1d_det_train import reference as ref  # noqa: E402
+from cake.cake_causal_conv1d_det_train import _routes  # noqa: E402
+from cake.cake_causal_conv1d_det_train._validate import Problem  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "cake_causal_conv1d_det_train"
+MANIFEST = mf.read(REPO / "manifests" / f"{NAME}.json")
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def _loop_reference(x, w, b, cu, activation):
+    """Straight from the issue's formula, one element at a time."""
+    tokens, channels = x.shape
+    out = torch.zeros(tokens, channels, dtype=torch.float64)
+    bounds = cu.tolist() if cu is not None else [0, tokens]
+    for d in range(len(bounds) - 1):
+        for t in range(bounds[d], bounds[d + 1]):
+            for c in range(channels):
+                z = float(b[c]) if b is not None else 0.0
+                for k in range(4):
+                    if t - 3 + k >= bounds[d]:
+                        z += float(w[c, k]) * float(x[t - 3 + k, c])
+                out[t, c] = z / (1 + math.exp(-z)) if activation == "silu" else z
+    return out
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("lengths", [[1], [2], [3], [17], [1, 1, 1, 1], [0, 5, 0, 2, 9],
+                                     [3, 1, 2, 7, 1]], ids=lambda v: "-".join(map(str, v)))
+def test_reference_matches_formula(lengths, activation):
+    torch.manual_seed(sum(lengths) + len(lengths))
+    tokens, channels = sum(lengths), 5
+    x = torch.randn(tokens, channels, dtype=torch.float64)
+    w = torch.randn(channels, 4, dtype=torch.float64)
+    b = torch.randn(channels, dtype=torch.float64)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    got = ref.causal_conv1d_reference(x, w, b, cu, activation=activation)
+    torch.testing.assert_close(got, _loop_reference(x, w, b, cu, activation), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_reference_batched_is_documents():
+    torch.manual_seed(1)
+    x = torch.randn(3, 7, 4, dtype=torch.float64)
+    w = torch.randn(4, 4, dtype=torch.float64)
+    cu = torch.arange(0, 22, 7, dtype=torch.int32)
+    packed = ref.causal_conv1d_reference(x.reshape(21, 4), w, None, cu)
+    torch.testing.assert_close(ref.causal_conv1d_reference(x, w), packed.reshape(3, 7, 4))
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("bias", [True, False])
+def test_reference_backward_matches_autograd_and_finite_differences(activation, bias):
+    """The written-out backward equals autograd; autograd passes gradcheck (finite
+    differences, float64), so the kernels are checked against a verified gradient."""
+    torch.manual_seed(2)
+    tokens, channels = 23, 3
+    cu = torch.tensor([0, 1, 3, 3, 9, 23], dtype=torch.int32)
+    x = torch.randn(tokens, channels, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(channels, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(channels, dtype=torch.float64, requires_grad=True) if bias else None
+    inputs = (x, w, b) if bias else (x, w)
+
+    def fn(*args):
+        return ref.causal_conv1d_reference(args[0], args[1], args[2] if bias else None, cu,
+                                           activation=activation)
+
+    assert torch.autograd.gradcheck(fn, inputs)
+    y = fn(*inputs)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, inputs, dy)
+    dx, dw, db = ref.causal_conv1d_reference_backward(dy, x, w, b, cu, activation=activation)
+    torch.testing.assert_close(dx, grads[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dw, grads[1], rtol=1e-12, atol=1e-12)
+    if bias:
+        torch.testing.assert_close(db, grads[2], rtol=1e-12, atol=1e-12)
+    else:
+        assert db is None
+
+
+def test_reference_empty():
+    x = torch.zeros(0, 4, dtype=torch.float64)
+    w = torch.randn(4, 4, dtype=torch.float64)
+    assert ref.causal_conv1d_reference(x, w).shape == (0, 4)
+    dx, dw, db = ref.causal_conv1d_reference_backward(x, x, w, torch.zeros(4, dtype=torch.float64))
+    assert dx.shape == (0, 4) and torch.equal(dw, torch.zeros(4, 4, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- route table
+
+
+def _problem(dtype, bias, activation, channels, tokens):
+    return Problem(device=torch.device("cpu"), dtype=dtype, tokens=tokens, channels=channels,
+                   num_docs=1, doc_len=0, weight_fp32=False, has_bias=bias,
+                   activation=activation)
+
+
+VARIANTS = [(d, b, a) for d in (torch.bfloat16, torch.float16) for b in (True, False)
+            for a in ("silu", None)]
+
+
+def test_program_count_fits_ci():
+    assert len(MANIFEST.programs) <= 24
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_103a"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
+def test_every_shape_routes_to_its_variant(arch, variant):
+    dtype, bias, activation = variant
+    for channels in (1, 7, 8, 63, 64, 255, 256, 264, 384, 4096, 8192, 1 << 20):
+        for tokens in (0, 1, 3, 65535, 65536, 250340, 1 << 24):
+            program = _routes.select(MANIFEST, _problem(dtype, bias, activation, channels,
+                                                        tokens), arch)
+            assert program.variant == {"dtype": str(dtype).split(".")[1], "bias": bias,
+                                       "activation": activation or "none"}
+            route = program.route
+            assert route["channels_min"] <= channels <= route["channels_max"]
+            assert route["tokens_min"] <= tokens
+            assert arch in program.arches
+
+
+def test_routes_pick_highest_floor_and_are_unambiguous():
+    # Within a variant, no two programs share a (band, floor): the choice is a function.
+    seen = set()
+    for program in MANIFEST.programs:
+        key = (tuple(sorted(program.variant.items())), program.route["channels_min"],
+               program.route["channels_max"], program.route["tokens_min"])
+        assert key not in seen
+        seen.add(key)
+    long = _routes.select(MANIFEST, _problem(torch.bfloat16, False, "silu", 4096, 250340),
+                          "sm_90a")
+    short = _routes.select(MANIFEST, _problem(torch.bfloat16, False, "silu", 4096, 1000),
+                           "sm_90a")
+    assert long.route["tokens_min"] > short.route["tokens_min"]
+
+
+def test_no_route_is_a_clear_error():
+    with pytest.raises(host.NoRoute, match="channels=0"):
+        _routes.select(MANIFEST, _problem(torch.bfloat16, False, "silu", 0, 10), "sm_90a")
+    with pytest.raises(host.NoRoute, match="sm_120a"):
+        _routes.select(MANIFEST, _problem(torch.bfloat16, False, "silu", 64, 10), "sm_120a")
+
+
+def test_manifest_is_rendered_and_checked():
+    result = subprocess.run([sys.executable, "tools/render.py", "--check"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = subprocess.run([sys.executable, "tools/check_manifests.py"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_program_has_the_entries_and_kernels():
+    for program in MANIFEST.programs:
+        assert {e.rsplit("_", 1)[-1] for e in program.entries} >= {"forward", "backward"}
+        assert f"{program.library}_workspace_bytes" in program.entries
+        assert len(program.kernels) == 10
+        assert set(program.arches) == {"sm_90a", "sm_100a", "sm_103a"}
+
+
+# --------------------------------------------------------------------------- host validation
+
+
+def test_check_tensor_names_argument_and_problem():
+    good = torch.zeros(4, 8, dtype=torch.bfloat16)
+    kwargs = dict(dtypes=(torch.bfloat16,), ndims=(2,), shape_hint="[S, C]", device_type="cpu")
+    assert host.check_tensor("x", good, **kwargs) is good
+    with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor"):
+        host.check_tensor("x", [1, 2], **kwargs)
+    with pytest.raises(TypeError, match=r"^x: expected dtype bfloat16, got float32"):
+        host.check_tensor("x", good.float(), **kwargs)
+    with pytest.raises(ValueError, match=r"^x: expected shape \[S, C\]"):
+        host.check_tensor("x", good[None], **kwargs)
+    with pytest.raises(ValueError, match=r"^x: expected a contiguous tensor"):
+        host.check_tensor("x", torch.zeros(8, 4, dtype=torch.bfloat16).t(), **kwargs)
+    with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor"):
+        host.check_tensor("x", good, **dict(kwargs, device_type="cuda"))
+
+
+def test_check_output_and_disjoint():
+    out = torch.zeros(4, 8)
+    host.check_output("out", out, shape=(4, 8), dtype=torch.float32, device=out.device)
+    with pytest.raises(TypeError, match="^out: "):
+        host.check_output("out", out.double(), shape=(4, 8), dtype=torch.float32,
+                          device=out.device)
+    with pytest.raises(ValueError, match="^out: "):
+        host.check_output("out", out[:2], shape=(4, 8), dtype=torch.float32, device=out.device)
+    with pytest.raises(ValueError, match="^out: must not share memory with x"):
+        host.check_disjoint({"out": out}, {"x": out.view(8, 4)})
+    host.check_disjoint({"out": out}, {"x": torch.zeros(4, 8)})
+
+
+def test_check_cu_seqlens_type_checks_without_device():
+    with pytest.raises(TypeError, match="^cu_seqlens: expected dtype int32"):
+        host.check_cu_seqlens("cu_seqlens", torch.tensor([0, 4]), tokens=4,
+                              device=torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="^cu_seqlens: expected a CUDA tensor"):
+        host.check_cu_seqlens("cu_seqlens", torch.tensor([0, 4], dtype=torch.int32), tokens=4,
+                              device=torch.device("cuda", 0))
+    with pytest.raises(TypeError, match="^cu_seqlens: expected an int32 CUDA tensor"):
+        host.check_cu_seqlens("cu_seqlens", [0, 4], tokens=4, device=torch.device("cuda", 0))
+
+
+def test_backward_result_is_tied_to_arity():
+    g = torch.zeros(1)
+    assert host.backward_result(5, {0: g, 2: g}) == (g, None, g, None, None)
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_public_names_follow_the_scheme():
+    import cake.cake_causal_conv1d_det_train as package
+
+    assert sorted(package.__all__) == sorted([
+        "cake_causal_conv1d_det", "CakeCausalConv1dDetFunction",
+        "cake_causal_conv1d_det_train_forward", "cake_causal_conv1d_det_train_backward",
+        "cake_causal_conv1d_det_train_backward_workspace_bytes",
+        "is_cake_causal_conv1d_det_train_supported"])
+    public = [n for n in dir(package) if not n.startswith("_")]
+    for name in public:
+        assert not re.search(r"(^|_)(fwd|bwd)(_|$)", name)
+        if inspect.isfunction(getattr(package, name)):
+            assert "deterministic" not in inspect.signature(getattr(package, name)).parameters
+    for name in package.__all__:
+        obj = getattr(package, name)
+        if inspect.isfunction(obj):
+            params = inspect.signature(obj).parameters.values()
+            assert not any(p.kind is p.VAR_KEYWORD for p in params), name
+            assert obj.__doc__ and "Example" in obj.__doc__ or name.startswith("is_"), name
+            # Options after the tensors are keyword-only.
+            for p in params:
+                if p.name in ("activation", "out", "grad_dtype", "dx", "dweight", "dbias",
+                              "workspace", "dtype"):
+                    assert p.kind is p.KEYWORD_ONLY, (name, p.name)
+
+
+def test_library_names_follow_the_scheme():
+    assert MANIFEST.package == f"cake.{NAME}" and MANIFEST.library_prefix == NAME
+    for program in MANIFEST.programs:
+        assert re.fullmatch(rf"{NAME}_[0-9a-f]{{20}}", program.library)
+        for kernel in program.kernels:
+            assert kernel.startswith(f"kernel_{program.library}_")
+
+
+# --------------------------------------------------------------------------- compiler report
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("tile", ["narrow", "wide_long"])
+def test_kernels_do_not_spill(tile, tmp_path):
+    program = next(p for p in MANIFEST.programs if p.route["tile"] == tile
+                   and p.variant == {"dtype": "bfloat16", "bias": True, "activation": "silu"})
+    kernel = REPO / "csrc" / NAME / f"{program.library}_kernel.cu"
+    result = subprocess.run(
+        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+         f"-I{REPO / 'csrc' / 'include'}", f'-DCAKE_PROGRAM_DIGEST="{program.digest}"', "-c",
+         str(kernel), "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    reports = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+                         r"loads", result.stderr)
+    assert len(reports) == 10
+    assert all(r == ("0", "0", "0") for r in reports), result.stderr
+
+
+def test_import_cake_does_not_import_torch_here():
+    code = "import sys, cake, cake.core.manifest; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_family_table_loads():
+    spec = importlib.util.spec_from_file_location(
+        "_table", REPO / "tools" / "families" / f"{NAME}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.FAMILY.name == NAME and len(module.FAMILY.specs) == len(MANIFEST.programs)

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Benchmark of cake_causal_conv1d_det_train against FLA's Triton causal conv1d (H200).
+
+Usage (from the repository root, on a GPU machine)::
+
+    PYTHONPATH=. python tools/bench/causal_conv1d.py [--json out.json] [--iters 50] [--no-peer]
+    PYTHONPATH=. python tools/bench/causal_conv1d.py --precompile   # JIT all programs in parallel
+    PYTHONPATH=. python tools/bench/causal_conv1d.py --tune         # tile-shape sweep
+
+Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
+median; cake and FLA interleaved A B B A; copy bandwidth of the same run as roofline). bf16,
+no bias, SiLU, three documents per pack, x as [S, C]. Bytes per element: forward 4 (x read, y
+written), backward 6 (x, dy read, dx written; dweight/dbias and the workspace are under 0.3%),
+fwd+bwd 10. The peer is ``fla.modules.causal_conv1d.causal_conv1d`` (fla-core 0.6.0, Triton,
+``backend="triton"``); Dao-AILab causal-conv1d is not built here (about 15 minutes of build):
+see SPEC section 8 for its figures on the same H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+for path in (REPO, REPO / "tools", REPO / "tools" / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import harness  # noqa: E402
+
+# (S, C): the issue's shapes; three documents per pack.
+SHAPES = [(250340, c) for c in (512, 1024, 2048, 4096, 8192)] + [
+    (262144, 1536), (32768, 264), (65536, 384)]
+SMALL = [(32768, 264), (65536, 384)]
+BYTES = {"fwd": 4, "bwd": 6, "fwd+bwd": 10}
+
+# Tile shapes swept by --tune (knobs of csrc/templates/causal_conv1d/kernel.cu).
+TUNE_TILES = {
+    "v8c32t8r8i8": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
+                        CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=8),
+    "v4c32t8r8i8": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
+                        CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=8),
+    "v4c32t8r16i4": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
+                         CAKE_TOKENS_PER_THREAD=16, CAKE_ITERATIONS=4),
+    "v8c32t4r16i8": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=4,
+                         CAKE_TOKENS_PER_THREAD=16, CAKE_ITERATIONS=8),
+    "v4c32t4r16i8": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=4,
+                         CAKE_TOKENS_PER_THREAD=16, CAKE_ITERATIONS=8),
+    "v8c32t8r4i16": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
+                         CAKE_TOKENS_PER_THREAD=4, CAKE_ITERATIONS=16),
+    "v8c8t32r8i1": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=8, CAKE_TOKEN_THREADS=32,
+                        CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=1),
+    "v4c16t16r8i1": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=16, CAKE_TOKEN_THREADS=16,
+                         CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=1),
+    "v8c16t16r8i2": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=16, CAKE_TOKEN_THREADS=16,
+                         CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=2),
+}
+TUNE_SHAPES = [(250340, 512), (250340, 2048), (250340, 8192), (32768, 264), (65536, 384)]
+
+
+def make_inputs(tokens: int, channels: int, *, requires_grad: bool = False, seed: int = 0):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, channels, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = (torch.randn(channels, 4, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.5)
+    dy = torch.randn(tokens, channels, device="cuda", dtype=torch.bfloat16, generator=gen)
+    third = tokens // 3
+    cu = torch.tensor([0, third, tokens - third + 7 if tokens > 20 else 2 * third, tokens],
+                      dtype=torch.int32, device="cuda")
+    if requires_grad:
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+    return x, w, dy, cu
+
+
+def cake_calls(x, w, dy, cu):
+    """fwd, bwd (preallocated outputs), fwd+bwd (autograd, eager) closures."""
+    import torch
+
+    from cake.cake_causal_conv1d_det_train import (
+        cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward,
+        cake_causal_conv1d_det_train_backward_workspace_bytes,
+        cake_causal_conv1d_det_train_forward)
+
+    y = torch.empty_like(x)
+    dx = torch.empty_like(x)
+    dw = torch.empty(w.shape, dtype=torch.float32, device=x.device)
+    ws = torch.empty(cake_causal_conv1d_det_train_backward_workspace_bytes(x, w, None, cu),
+                     dtype=torch.uint8, device=x.device)
+    xg = x.detach().requires_grad_(True)
+    wg = w.detach().requires_grad_(True)
+
+    def fwd():
+        cake_causal_conv1d_det_train_forward(x, w, None, cu, out=y)
+
+    def bwd():
+        cake_causal_conv1d_det_train_backward(dy, x, w, None, cu, dx=dx, dweight=dw, workspace=ws)
+
+    def fwd_bwd():
+        xg.grad = wg.grad = None
+        cake_causal_conv1d_det(xg, wg, None, cu).backward(dy)
+
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}
+
+
+def fla_calls(x, w, dy, cu):
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    x3 = x[None]
+    dy3 = dy[None]
+    xg = x3.detach().requires_grad_(True)
+    wg = w.detach().requires_grad_(True)
+
+    def fwd():
+        causal_conv1d(x3, w, None, activation="silu", cu_seqlens=cu)
+
+    def fwd_bwd():
+        xg.grad = wg.grad = None
+        y, _ = causal_conv1d(xg, wg, None, activation="silu", cu_seqlens=cu)
+        y.backward(dy3)
+
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+
+def run_shapes(shapes, *, iters: int, peer: bool, bench: harness.Bench, bandwidth: float):
+    import torch
+
+    rows = []
+    for tokens, channels in shapes:
+        x, w, dy, cu = make_inputs(tokens, channels)
+        ours = cake_calls(x, w, dy, cu)
+        theirs = fla_calls(x, w, dy, cu) if peer else {}
+        row = {"S": tokens, "C": channels}
+        for op in ("fwd", "bwd", "fwd+bwd"):
+            fns = {"cake": ours[op]}
+            if op in theirs:
+                fns["fla"] = theirs[op]
+            timings = bench.interleaved(fns, iters=iters)
+            ms = timings["cake"].median
+            nbytes = BYTES[op] * tokens * channels
+            row[f"{op} ms"] = ms
+            row[f"{op} %roof"] = harness.percent_of_roofline(nbytes, ms, bandwidth)
+            row[f"{op} spread"] = timings["cake"].spread
+            if "fla" in timings:
+                row[f"fla {op} ms"] = timings["fla"].median
+                row[f"{op} x fla"] = timings["fla"].median / ms
+        if (tokens, channels) in SMALL:
+            host = bench.time(ours["fwd+bwd"], iters=iters, host_inclusive=True)
+            row["fwd+bwd host-incl us"] = host.median * 1e3
+        rows.append(row)
+        print(harness.format_table([row]), flush=True)
+        del x, w, dy, cu, ours, theirs
+        torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------- tuning
+
+
+def tune_libraries(tiles: dict, *, dtype: str = "bfloat16"):
+    """Renders one program per tile shape (bf16, no bias, SiLU) into a temporary tree and
+    JIT-compiles them in parallel; name -> loaded library."""
+    import render
+    from cake.core import jit, loader
+    from cake.core import manifest as mf
+
+    sys.path.insert(0, str(REPO / "tools" / "families"))
+    import cake_causal_conv1d_det_train as table
+
+    base = {"CAKE_DTYPE_BF16": 1 if dtype == "bfloat16" else 0, "CAKE_HAS_BIAS": False,
+            "CAKE_SILU": 1}
+    specs = tuple(render.Spec(variant={"tile": name}, route={}, params=dict(base, **params))
+                  for name, params in tiles.items())
+    family = render.Family(name=table.FAMILY.name, templates=table.FAMILY.templates, specs=specs)
+    manifest, files = render.render_family(family, REPO)
+    root = Path(tempfile.mkdtemp(prefix="cake-tune-"))
+    (root / "manifests").mkdir()
+    (root / "manifests" / f"{family.name}.json").write_text(mf.to_json(manifest))
+    (root / "csrc" / family.name).mkdir(parents=True)
+    for file_name, data in files.items():
+        (root / "csrc" / family.name / file_name).write_bytes(data)
+    shutil.copytree(REPO / "csrc" / "include", root / "csrc" / "include")
+    (root / "cake" / family.name).mkdir(parents=True)
+    programs = loader.ProgramSet.for_package(root / "cake" / family.name)
+    tree = programs.tree
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda p: jit.compile_program(tree, manifest, p, "sm_90a"),
+                      manifest.programs))
+    return {p.variant["tile"]: programs.library(p, 0) for p in manifest.programs}
+
+
+def run_tune(*, iters: int, bench: harness.Bench, bandwidth: float):
+    import torch
+
+    from cake.cake_causal_conv1d_det_train import _function
+    from cake.cake_causal_conv1d_det_train._validate import validate_inputs
+
+    libraries = tune_libraries(TUNE_TILES)
+    rows = []
+    for tokens, channels in TUNE_SHAPES:
+        x, w, dy, cu = make_inputs(tokens, channels)
+        problem = validate_inputs(x, w, None, cu, "silu")
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        dw = torch.empty(w.shape, dtype=torch.float32, device="cuda")
+        reference = None
+        for name, lib in libraries.items():
+            need = _function._workspace_bytes(problem, lib)
+            ws = torch.empty(max(need, 16), dtype=torch.uint8, device="cuda")
+            fwd = lambda: _function._forward_into(problem, x, w, None, cu, y, library=lib)  # noqa: E731
+            bwd = lambda: _function._backward_into(problem, dy, x, w, None, cu, dx, dw, None,  # noqa: E731
+                                                   ws, need, library=lib)
+            fwd()
+            bwd()
+            torch.cuda.synchronize()
+            outputs = (y.clone(), dx.clone(), dw.clone())
+            if reference is None:
+                reference = outputs
+            same = "=" if all(torch.equal(a, b) for a, b in zip(outputs[:2], reference[:2])) \
+                else "DIFF"
+            tf = bench.time(fwd, iters=iters).median
+            tb = bench.time(bwd, iters=iters).median
+            rows.append({"S": tokens, "C": channels, "tile": name, "fwd ms": tf,
+                         "fwd %roof": harness.percent_of_roofline(4 * tokens * channels, tf,
+                                                                  bandwidth),
+                         "bwd ms": tb,
+                         "bwd %roof": harness.percent_of_roofline(6 * tokens * channels, tb,
+                                                                  bandwidth),
+                         "y,dx vs first": same,
+                         "dw maxdiff": float((outputs[2] - reference[2]).abs().max())})
+            del ws
+        del x, w, dy, cu, y, dx
+        torch.cuda.empty_cache()
+        print(harness.format_table(rows[-len(libraries):]), flush=True)
+    return rows
+
+
+def precompile() -> None:
+    """JIT-compiles every program of the family for this GPU's arch, 16 at a time."""
+    from cake.core import jit, loader
+
+    import cake.cake_causal_conv1d_det_train as package
+
+    programs = loader.ProgramSet.for_package(Path(package.__file__).parent)
+    arch = loader.device(0).arch
+    todo = [p for p in programs.manifest.programs if arch in p.arches]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda p: jit.compile_program(programs.tree, programs.manifest, p, arch),
+                      todo))
+    print(f"precompiled {len(todo)} programs for {arch}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--json", type=Path, help="write all numbers here")
+    parser.add_argument("--no-peer", action="store_true", help="skip FLA")
+    parser.add_argument("--tune", action="store_true", help="sweep tile shapes instead")
+    parser.add_argument("--precompile", action="store_true", help="JIT all programs and exit")
+    parser.add_argument("--shapes", default="all", help="'all', 'small' or S:C,S:C,...")
+    args = parser.parse_args(argv)
+    if args.precompile:
+        precompile()
+        return 0
+    bench = harness.Bench()
+    bandwidth = bench.copy_bandwidth()
+    print(f"device-to-device copy: {bandwidth / 1e12:.3f} TB/s (read + written)", flush=True)
+    if args.tune:
+        rows = run_tune(iters=args.iters, bench=bench, bandwidth=bandwidth)
+    else:
+        shapes = SHAPES if args.shapes == "all" else SMALL if args.shapes == "small" else [
+            tuple(int(v) for v in item.split(":")) for item in args.shapes.split(",")]
+        rows = run_shapes(shapes, iters=args.iters, peer=not args.no_peer, bench=bench,
+                          bandwidth=bandwidth)
+    print()
+    print(harness.format_table(rows))
+    if args.json:
+        harness.write_json(args.json, {"copy_bandwidth_Bps": bandwidth, "rows": rows,
+                                       **harness.device_summary()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""Generic GPU benchmark harness for cake-train families (CUDA events, L2 flush, interleaved peers).
+
+Protocol (METHOD.md / the issue): every measured call is preceded by a write of a 256 MiB
+buffer (flushing the H200's 60 MB L2), timed alone between two CUDA events, after warm-up; the
+reported figure is the median of many such calls. Peers of one shape run interleaved in one
+process, in A B B A order per round, so that clock or thermal drift hits them alike. The
+roofline is the device-to-device copy bandwidth measured in the same run (bytes read plus bytes
+written over time, same protocol), so "% of roofline" compares like with like.
+
+Use::
+
+    from tools.bench import harness            # or: import harness (run from tools/bench)
+    bw = harness.copy_bandwidth()             # bytes/s
+    times = harness.interleaved({"cake": f, "peer": g}, iters=50)   # name -> Timing
+    print(harness.format_table(rows))
+
+``host_inclusive=True`` synchronizes after the flush, so the interval also holds the host work
+of the call (Python, validation, launches): the figure an eager training step sees when the
+GPU waits for the host. Torch is imported lazily; nothing here knows any family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from typing import Callable, Mapping, Sequence
+
+FLUSH_BYTES = 256 << 20
+
+
+@dataclasses.dataclass
+class Timing:
+    """Milliseconds of each measured call."""
+
+    samples: list
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: how noisy the figure is."""
+        ordered = sorted(self.samples)
+        n = len(ordered)
+        return (ordered[int(0.9 * (n - 1))] - ordered[int(0.1 * (n - 1))]) / self.median
+
+
+class Bench:
+    """Holds the flush buffer and the events; one per device."""
+
+    def __init__(self, device=None):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+            else torch.device(device)
+        self._flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=self.device)
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._stop = torch.cuda.Event(enable_timing=True)
+
+    def flush(self) -> None:
+        self._flush.fill_(0x5A5A5A5A)
+
+    def once(self, fn: Callable[[], object], *, host_inclusive: bool = False) -> float:
+        """One flushed, event-timed call of ``fn``; milliseconds."""
+        self.flush()
+        if host_inclusive:
+            self.torch.cuda.synchronize(self.device)
+        self._start.record()
+        fn()
+        self._stop.record()
+        self._stop.synchronize()
+        return self._start.elapsed_time(self._stop)
+
+    def time(self, fn: Callable[[], object], *, warmup: int = 5, iters: int = 50,
+             host_inclusive: bool = False) -> Timing:
+        for _ in range(warmup):
+            fn()
+        self.torch.cuda.synchronize(self.device)
+        return Timing([self.once(fn, host_inclusive=host_inclusive) for _ in range(iters)])
+
+    def interleaved(self, fns: Mapping[str, Callable[[], object]], *, warmup: int = 5,
+                    iters: int = 50, host_inclusive: bool = False) -> dict:
+        """Times several peers of one shape in A B B A order per round; name -> Timing."""
+        names = list(fns)
+        for name in names:
+            for _ in range(warmup):
+                fns[name]()
+        self.torch.cuda.synchronize(self.device)
+        samples = {name: [] for name in names}
+        for round_index in range(iters):
+            order = names if round_index % 2 == 0 else list(reversed(names))
+            for name in order:
+                samples[name].append(self.once(fns[name], host_inclusive=host_inclusive))
+        return {name: Timing(s) for name, s in samples.items()}
+
+    def copy_bandwidth(self, nbytes: int = 2 << 30, iters: int = 20) -> float:
+        """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
+        torch = self.torch
+        src = torch.empty(nbytes // 2, dtype=torch.int16, device=self.device).random_()
+        dst = torch.empty_like(src)
+        timing = self.time(lambda: dst.copy_(src), warmup=3, iters=iters)
+        del src, dst
+        return 2 * nbytes / (timing.median * 1e-3)
+
+
+def percent_of_roofline(nbytes: float, ms: float, bandwidth: float) -> float:
+    """Achieved fraction (in %) of ``bandwidth`` (bytes/s) moving ``nbytes`` in ``ms``."""
+    return 100.0 * nbytes / (ms * 1e-3) / bandwidth
+
+
+def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None) -> str:
+    """A Markdown table of ``rows`` (dicts), floats with 3 significant decimals."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def device_summary() -> dict:
+    """Device name, capability, SM count, torch/CUDA versions: goes into every result file."""
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"device": props.name, "capability": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count, "torch": torch.__version__,
+            "cuda": torch.version.cuda}
+
+
+def write_json(path, payload: Mapping[str, object]) -> None:
+    with open(path, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.write("\n")
