@@ -3,7 +3,7 @@
 A vendored family package is a self-contained copy of ``cake.<name>`` inside a host library,
 e.g. ``flashinfer/experimental/cake/<name>/`` (SPEC section 6)::
 
-    <name>/__init__.py, _function.py, ...   the family's modules; ``from ..core`` became ``from .core``
+    <name>/__init__.py, _function.py, ...   the family's modules (``from ..core`` -> ``from .core``)
     <name>/core/                            a verbatim copy of ``cake/core/`` (the runtime it needs)
     <name>/build.json                       the manifest, only ``package`` rewritten
     <name>/csrc/<library>_{kernel,binding}.cu and csrc/include/<header>   bytes unchanged

@@ -231,8 +231,9 @@ def vendor_package(target: Path, files: dict[str, bytes], sidecar: vendored.Side
             if wanted is not None and current == mf.sha256_hex(wanted):
                 continue
             if ours.get(relative) != current:
-                conflicts.append(str(path) + (" (edited since it was vendored)"
-                                              if relative in ours else " (not written by vendor.py)"))
+                why = "edited since it was vendored" if relative in ours else \
+                    "not written by vendor.py"
+                conflicts.append(f"{path} ({why})")
     if conflicts and not force:
         raise VendorError(f"refusing to overwrite or remove {len(conflicts)} file(s) that "
                           "tools/vendor.py did not write (or that were edited since); move them "

@@ -153,7 +153,8 @@ def test_other_cake_imports_stop_the_tool(tmp_path, source, into, statement):
 def test_core_in_a_subpackage_is_rewritten_by_depth(tmp_path, source, into):
     sub = source / "cake" / TOY_FAMILY / "sub"
     sub.mkdir()
-    (sub / "__init__.py").write_text("from ...core import loader; from ...core.jit import find_nvcc\n")
+    (sub / "__init__.py").write_text(
+        "from ...core import loader; from ...core.jit import find_nvcc\n")
     result = vendor(tmp_path, into, repository=source)
     assert result.returncode == 0, result.stderr
     assert (into / TOY_FAMILY / "sub" / "__init__.py").read_text() == \

@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""On a GPU: a vendored family's forward and backward are bitwise those of cake-train's own.
+
+Usage (from the repository root, on the H200)::
+
+    PYTHONUNBUFFERED=1 python3 ci/gpu_vendored_check.py [--out DIR] [--family NAME ...]
+        [--arch sm_90a] [--jit-only]
+
+Steps, every subprocess with ``flashinfer`` made unimportable (tests/vendor's sitecustomize
+meta-path blocker):
+
+1. ``tools/vendor.py`` copies every family (or ``--family``) into a temporary
+   ``<host>/flashinfer/experimental/cake/``; ``check_manifests --vendored-gate`` runs inside
+   ``ci/build_vendored.sh``, which builds every program of the vendored tree for ``--arch``
+   into ``<package>/lib`` (``--jit-only`` skips the build: the vendored run then compiles).
+2. A child process imports the vendored package as a top-level package with ``flashinfer``
+   AND ``cake`` blocked, with ``CAKE_JIT=0`` (so every library it uses must come from the
+   vendored build), runs each case of :data:`CASES` (autograd forward and backward on seeded
+   inputs) and saves the outputs and gradients and the libraries it loaded.
+3. A second child runs the same cases through ``cake.<family>`` from this checkout (its
+   loader's normal path: prebuilt, else JIT cache, else a JIT compile into a fresh cache).
+4. The parent compares every tensor bitwise (bytes) and prints one line per tensor and a
+   summary; ``--out`` also gets ``vendored_check.json``. Exit 0 when every family that has
+   a case was compared and everything is equal, 1 otherwise.
+
+Families without an entry in :data:`CASES` are reported as skipped. Standard library in the
+parent; torch only in the children.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- cases (children)
+
+
+def _generator(seed: int):
+    import torch
+
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _doc_offsets(tokens: int, docs: int, gen) -> list[int]:
+    import torch
+
+    cuts = sorted(torch.randint(0, tokens + 1, (docs - 1,), generator=gen).tolist())
+    return [0, *cuts, tokens]
+
+
+def causal_conv1d_cases(family, device) -> dict:
+    """Autograd forward + backward of cake_causal_conv1d_det over the route bands."""
+    import torch
+
+    outputs = {}
+    # (name, tokens, channels, documents, x dtype, weight dtype, bias, activation)
+    table = [
+        ("narrow-bf16-bias-fp32w", 4099, 200, 5, torch.bfloat16, torch.float32, True, "silu"),
+        ("wide-fp16-nobias", 8191, 1024, 3, torch.float16, torch.float16, False, "silu"),
+        ("wide-bf16-bias-none", 3001, 264, 1, torch.bfloat16, torch.bfloat16, True, None),
+        ("long-bf16-bias", 70001, 512, 3, torch.bfloat16, torch.bfloat16, True, "silu"),
+    ]
+    for seed, (name, tokens, channels, docs, dtype, wdtype, bias, activation) in enumerate(table):
+        gen = _generator(1000 + seed)
+        x = torch.randn(tokens, channels, generator=gen).to(device, dtype).requires_grad_()
+        w = (torch.randn(channels, 4, generator=gen) / 2).to(device, wdtype).requires_grad_()
+        b = ((torch.randn(channels, generator=gen) / 4).to(device, wdtype).requires_grad_()
+             if bias else None)
+        cu = torch.tensor(_doc_offsets(tokens, docs, gen), dtype=torch.int32, device=device)
+        dy = torch.randn(tokens, channels, generator=gen).to(device, dtype)
+        y = family.cake_causal_conv1d_det(x, w, b, cu, activation=activation)
+        y.backward(dy)
+        outputs.update({f"{name}/y": y, f"{name}/dx": x.grad, f"{name}/dweight": w.grad})
+        if b is not None:
+            outputs[f"{name}/dbias"] = b.grad
+    return outputs
+
+
+def _rmsnorm_cases(function, device, gated: bool) -> dict:
+    """Autograd forward + backward of (gated) RMSNorm: scalar and vector loads, residual."""
+    import torch
+
+    outputs = {}
+    # (name, rows, D, x dtype, weight dtype, residual, weight_offset)
+    table = [
+        ("vector-bf16-fp32w", 4097, 4096, torch.bfloat16, torch.float32, False, 0.0),
+        ("scalar-fp16-residual", 1000, 1001, torch.float16, torch.float16, True, 0.0),
+        ("vector-fp32-offset", 257, 16384, torch.float32, torch.float32, False, 1.0),
+        ("scalar-bf16-residual", 3333, 77, torch.bfloat16, torch.bfloat16, True, 0.0),
+    ]
+    for seed, (name, rows, cols, dtype, wdtype, residual, offset) in enumerate(table):
+        gen = _generator(2000 + seed + (100 if gated else 0))
+        x = torch.randn(rows, cols, generator=gen).to(device, dtype).requires_grad_()
+        g = (torch.randn(rows, cols, generator=gen).to(device, dtype).requires_grad_()
+             if gated else None)
+        w = (torch.rand(cols, generator=gen) + 0.5 - offset).to(device, wdtype).requires_grad_()
+        r = (torch.randn(rows, cols, generator=gen).to(device, dtype).requires_grad_()
+             if residual else None)
+        inputs = (x, g, w) if gated else (x, w)
+        result = function(*inputs, r, eps=1e-6, weight_offset=offset)
+        results = list(result) if residual else [result]
+        grads = [torch.randn(rows, cols, generator=gen).to(device, dtype) for _ in results]
+        torch.autograd.backward(results, grads)
+        outputs[f"{name}/y"] = results[0]
+        if residual:
+            outputs[f"{name}/s"] = results[1]
+            outputs[f"{name}/dresidual"] = r.grad
+        outputs.update({f"{name}/dx": x.grad, f"{name}/dweight": w.grad})
+        if gated:
+            outputs[f"{name}/dg"] = g.grad
+    return outputs
+
+
+def rmsnorm_cases(family, device) -> dict:
+    return _rmsnorm_cases(family.cake_rmsnorm_det, device, gated=False)
+
+
+def gated_rmsnorm_cases(family, device) -> dict:
+    return _rmsnorm_cases(family.cake_gated_rmsnorm_det, device, gated=True)
+
+
+# Family package name -> function(module, device) -> {name: tensor}.
+CASES = {
+    "cake_causal_conv1d_det_train": causal_conv1d_cases,
+    "cake_rmsnorm_det_train": rmsnorm_cases,
+    "cake_gated_rmsnorm_det_train": gated_rmsnorm_cases,
+}
+
+
+def child(side: str, family_name: str, output: Path) -> None:
+    """Runs the family's cases in this process and saves outputs and loaded libraries."""
+    import importlib
+
+    import torch
+
+    module_name = family_name if side == "vendored" else f"cake.{family_name}"
+    family = importlib.import_module(module_name)
+    loader = importlib.import_module(f"{module_name}.core.loader" if side == "vendored"
+                                     else "cake.core.loader")
+    device = torch.device("cuda", 0)
+    start = time.perf_counter()
+    outputs = CASES[family_name](family, device)
+    torch.cuda.synchronize()
+    libraries = sorted({(lib.program.library, lib.origin, str(lib.path))
+                        for programs in loader.ProgramSet._instances.values()
+                        for lib in programs._libraries.values()})
+    outside = sorted({m.split(".")[0] for m in sys.modules} & {"cake", "flashinfer"})
+    torch.save({"outputs": {k: v.detach().cpu() for k, v in outputs.items()},
+                "libraries": libraries, "module": family.__file__, "outside": outside,
+                "seconds": time.perf_counter() - start}, output)
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def _run(label: str, command: list, work: Path, blocked: tuple, path: list, **env) -> bool:
+    """Runs one step with the blocker; prints its output and time; True when it succeeded."""
+    from vendor_tree import run  # the blocker's sitecustomize, the same as the CPU tests'
+
+    start = time.perf_counter()
+    result = run(command, work, blocked, path, timeout=1800, **env)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    print(f"gpu_vendored_check: {label} took {time.perf_counter() - start:.1f} s"
+          + ("" if result.returncode == 0 else f" and FAILED ({result.returncode})"), flush=True)
+    return result.returncode == 0
+
+
+def compare(vendored: dict, installed: dict) -> list[dict]:
+    import torch
+
+    rows = []
+    for key in sorted(set(vendored) | set(installed)):
+        a, b = vendored.get(key), installed.get(key)
+        row = {"tensor": key, "equal": False}
+        if a is not None and b is not None:
+            row.update(shape=list(a.shape), dtype=str(a.dtype).replace("torch.", ""))
+            same = a.shape == b.shape and a.dtype == b.dtype
+            row["equal"] = same and torch.equal(a.contiguous().view(torch.uint8),
+                                                b.contiguous().view(torch.uint8))
+            row["finite"] = bool(torch.isfinite(a.float()).all())
+            row["nonzero"] = bool(a.float().abs().max() > 0)
+            if same and not row["equal"]:
+                row["max_abs_diff"] = float((a.double() - b.double()).abs().max())
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=os.environ.get("OUT"),
+                        help="folder for vendored_check.json (default: $OUT if set)")
+    parser.add_argument("--family", action="append", default=[],
+                        help="family package name (repeatable; default: every family)")
+    parser.add_argument("--arch", default="sm_90a", help="arch to build the vendored tree for")
+    parser.add_argument("--jit-only", action="store_true",
+                        help="skip the vendored AOT build (the vendored run JIT-compiles)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary host tree, build and outputs")
+    parser.add_argument("--child", nargs=3, metavar=("SIDE", "FAMILY", "OUTPUT"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], Path(args.child[2]))
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_vendored_check: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(REPO / "tests" / "vendor"))
+    from vendor_tree import real_families
+
+    families = args.family or real_families()
+    work = Path(tempfile.mkdtemp(prefix="cake-vendored-check-"))
+    try:
+        return check(args, families, work)
+    finally:
+        if args.keep:
+            print(f"gpu_vendored_check: kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def check(args: argparse.Namespace, families: list[str], work: Path) -> int:
+    import torch
+    from vendor_tree import HOST_BLOCKED, PREFIX, RUN_BLOCKED, host_tree, vendor
+
+    into = host_tree(work / "host")
+    start = time.perf_counter()
+    result = vendor(work, into, *[a for f in families for a in ("--package", f)])
+    print(result.stdout + result.stderr, end="", flush=True)
+    if result.returncode != 0:
+        return 1
+    print(f"gpu_vendored_check: vendored {len(families)} famil"
+          f"{'y' if len(families) == 1 else 'ies'} into {into} as {PREFIX}.<name> in "
+          f"{time.perf_counter() - start:.1f} s", flush=True)
+    if not args.jit_only and not _run(
+            "the vendored build", ["bash", REPO / "ci" / "build_vendored.sh", into, args.arch],
+            work, HOST_BLOCKED, [], PYTHON=sys.executable, CAKE_BUILD_DIR=str(work / "build")):
+        return 1
+
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device":
+              torch.cuda.get_device_name(0), "torch": torch.__version__, "arch": args.arch,
+              "jit_only": args.jit_only, "families": {}}
+    ok = True
+    compared = 0
+    for name in families:
+        if name not in CASES:
+            print(f"gpu_vendored_check: {name}: SKIPPED (no case in ci/gpu_vendored_check.py)")
+            report["families"][name] = {"skipped": "no case"}
+            continue
+        saved = {}
+        failed = []
+        for side in ("vendored", "installed"):
+            output = work / f"{name}.{side}.pt"
+            command = [sys.executable, Path(__file__).resolve(), "--child", side, name, output]
+            env = {"CAKE_CACHE_DIR": str(work / f"cache-{side}")}
+            if side == "vendored":
+                if not args.jit_only:
+                    env["CAKE_JIT"] = "0"  # every library must come from the vendored build
+                done = _run(f"{name} vendored run", command, work, RUN_BLOCKED, [into], **env)
+            else:
+                done = _run(f"{name} installed run", command, work, HOST_BLOCKED, [REPO], **env)
+            if done:
+                saved[side] = torch.load(output)
+            else:
+                failed.append(side)
+        if failed:
+            ok = False
+            compared += 1
+            print(f"gpu_vendored_check: {name}: FAILED (the {' and '.join(failed)} run failed)")
+            report["families"][name] = {"ok": False, "failed_runs": failed}
+            continue
+        vendored_side, installed_side = saved["vendored"], saved["installed"]
+        rows = compare(vendored_side["outputs"], installed_side["outputs"])
+        lib_dir = str(into / name / "lib")
+        from_build = bool(vendored_side["libraries"]) and all(
+            origin == "prebuilt" and path.startswith(lib_dir)
+            for _, origin, path in vendored_side["libraries"])
+        same_programs = ({lib for lib, _, _ in vendored_side["libraries"]}
+                         == {lib for lib, _, _ in installed_side["libraries"]})
+        family_ok = (all(r["equal"] and r.get("finite") and r.get("nonzero") for r in rows)
+                     and same_programs and not vendored_side["outside"]
+                     and (args.jit_only or from_build))
+        ok &= family_ok
+        compared += 1
+        for row in rows:
+            print(f"  {name} {row['tensor']:<36} {str(row.get('shape')):<14} "
+                  f"{row.get('dtype', '?'):<9} {'equal' if row['equal'] else 'DIFFERENT'}"
+                  + ("" if row.get("finite", True) else " NON-FINITE")
+                  + ("" if row.get("nonzero", True) else " ALL-ZERO")
+                  + (f" max|diff|={row['max_abs_diff']:.3g}" if "max_abs_diff" in row else ""))
+        for side, data in saved.items():
+            for library, origin, path in data["libraries"]:
+                print(f"  {name} {side:<9} {origin:<9} {path}")
+        print(f"gpu_vendored_check: {name}: {'OK' if family_ok else 'FAILED'} "
+              f"({sum(r['equal'] for r in rows)}/{len(rows)} tensors bitwise equal; vendored "
+              f"libraries {'all from its build' if from_build else 'NOT all from its build'}; "
+              f"same programs {same_programs}; cake/flashinfer imported by the vendored run: "
+              f"{vendored_side['outside'] or 'none'}; run time vendored "
+              f"{vendored_side['seconds']:.1f} s, installed {installed_side['seconds']:.1f} s)")
+        report["families"][name] = {
+            "ok": family_ok, "tensors": rows, "same_programs": same_programs,
+            "vendored_from_build": from_build, "vendored_imported": vendored_side["outside"],
+            "libraries": {s: d["libraries"] for s, d in saved.items()}}
+    ok &= compared > 0
+    report["ok"] = ok
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "vendored_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"gpu_vendored_check: {'OK' if ok else 'FAILED'}: {compared} famil"
+          f"{'y' if compared == 1 else 'ies'} compared on {report['device']}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
