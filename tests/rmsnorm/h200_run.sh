@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call for the RMSNorm families: JIT all programs, GPU tests, compute-sanitizer,
+# benchmark. On the GPU machine, from the repository root (fla-core and liger-kernel wheels in .whl/):
+#   bash tests/rmsnorm/h200_run.sh [tests|sanitize|bench|small ...]   (default: tests sanitize bench)
+set -o pipefail
+export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+steps=${*:-tests sanitize bench}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=$PWD:/tmp/site
+date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 tools/bench/rmsnorm.py --precompile 2>&1 | tail -3 || exit 1
+for step in $steps; do
+  case $step in
+    tests) timeout 240 python3 -m pytest -q -m "not nvcc" --maxfail=30 tests/rmsnorm -p no:cacheprovider \
+             2>&1 | tee "$OUT/pytest.log" | grep -v "^tests/.* PASSED" | tail -45 ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 tests/rmsnorm/sanitize.py \
+          > "$OUT/sanitize_$tool.log" 2>&1; echo "sanitizer $tool: rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
+      done ;;
+    bench) timeout 300 python3 tools/bench/rmsnorm.py --iters 20 --json "$OUT/bench.json" \
+             2>&1 | tee "$OUT/bench.log" | tail -50 ;;
+    small) timeout 200 python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
+             2>&1 | tee "$OUT/bench_small.log" | tail -30 ;;
+  esac
+done

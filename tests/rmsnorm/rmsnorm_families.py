@@ -1,0 +1,66 @@
+"""Both RMSNorm families behind one interface, so every test runs on each (``FAMILIES``).
+
+``Family.forward`` / ``Family.backward`` call the public helpers with the gate inserted for the
+gated family; ``Family.reference`` gives the float64 forward and backward of the same call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+import cake.cake_gated_rmsnorm_det_train as gated_pkg
+import cake.cake_rmsnorm_det_train as plain_pkg
+from cake.cake_gated_rmsnorm_det_train import reference as gated_ref
+from cake.cake_rmsnorm_det_train import reference as plain_ref
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    gated: bool
+    package: object
+
+    def forward(self, x, g, w, residual=None, **kw):
+        if self.gated:
+            return gated_pkg.cake_gated_rmsnorm_det_train_forward(x, g, w, residual, **kw)
+        return plain_pkg.cake_rmsnorm_det_train_forward(x, w, residual, **kw)
+
+    def backward(self, dy, s, g, w, rstd, **kw):
+        """Returns (dx, dg or None, dresidual, dweight) for both families."""
+        if self.gated:
+            return gated_pkg.cake_gated_rmsnorm_det_train_backward(dy, s, g, w, rstd, **kw)
+        kw.pop("dg", None)
+        dx, dres, dw = plain_pkg.cake_rmsnorm_det_train_backward(dy, s, w, rstd, **kw)
+        return dx, None, dres, dw
+
+    def workspace_bytes(self, x, g, w) -> int:
+        if self.gated:
+            return gated_pkg.cake_gated_rmsnorm_det_train_backward_workspace_bytes(x, g, w)
+        return plain_pkg.cake_rmsnorm_det_train_backward_workspace_bytes(x, w)
+
+    def functional(self, x, g, w, residual=None, **kw):
+        if self.gated:
+            return gated_pkg.cake_gated_rmsnorm_det(x, g, w, residual, **kw)
+        return plain_pkg.cake_rmsnorm_det(x, w, residual, **kw)
+
+    def module(self, hidden, **kw):
+        return gated_pkg.CakeGatedRMSNormDet(hidden, **kw) if self.gated else \
+            plain_pkg.CakeRMSNormDet(hidden, **kw)
+
+    def reference_forward(self, x, g, w, residual=None, **kw):
+        if self.gated:
+            return gated_ref.reference_forward(x, g, w, residual, **kw)
+        return plain_ref.reference_forward(x, w, residual, **kw)
+
+    def reference_backward(self, dy, s, g, w, **kw):
+        """(dx, dg or None, dweight) in float64."""
+        if self.gated:
+            return gated_ref.reference_backward(dy, s, g, w, **kw)
+        dx, dw = plain_ref.reference_backward(dy, s, w, **kw)
+        return dx, None, dw
+
+
+FAMILIES = [Family("rmsnorm", False, plain_pkg), Family("gated", True, gated_pkg)]
