@@ -32,7 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -162,17 +164,28 @@ def child(side: str, family_name: str, output: Path) -> None:
 # --------------------------------------------------------------------------- parent
 
 
-def _run(label: str, command: list, work: Path, blocked: tuple, path: list, **env) -> bool:
-    """Runs one step with the blocker; prints its output and time; True when it succeeded."""
-    from vendor_tree import run  # the blocker's sitecustomize, the same as the CPU tests'
+class Job:
+    """One step in a subprocess with the blocker; output to a log file, printed when done."""
 
-    start = time.perf_counter()
-    result = run(command, work, blocked, path, timeout=1800, **env)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    print(f"gpu_vendored_check: {label} took {time.perf_counter() - start:.1f} s"
-          + ("" if result.returncode == 0 else f" and FAILED ({result.returncode})"), flush=True)
-    return result.returncode == 0
+    def __init__(self, label: str, command: list, work: Path, blocked: tuple, path: list,
+                 **env):
+        from vendor_tree import blocked_env  # the same sitecustomize blocker as the CPU tests'
+
+        self.label = label
+        self.log = work / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', label)}.log"
+        self.start = time.perf_counter()
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [str(c) for c in command], cwd=work, stdout=log, stderr=subprocess.STDOUT,
+                env=dict(blocked_env(work, blocked, path), **env))
+
+    def finish(self) -> bool:
+        """Waits; prints the output and the time; True when it succeeded."""
+        returncode = self.process.wait(timeout=1800)
+        sys.stdout.write(self.log.read_text(errors="replace"))
+        print(f"gpu_vendored_check: {self.label} took {time.perf_counter() - self.start:.1f} s"
+              + ("" if returncode == 0 else f" and FAILED ({returncode})"), flush=True)
+        return returncode == 0
 
 
 def compare(vendored: dict, installed: dict) -> list[dict]:
@@ -245,10 +258,34 @@ def check(args: argparse.Namespace, families: list[str], work: Path) -> int:
     print(f"gpu_vendored_check: vendored {len(families)} famil"
           f"{'y' if len(families) == 1 else 'ies'} into {into} as {PREFIX}.<name> in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
-    if not args.jit_only and not _run(
-            "the vendored build", ["bash", REPO / "ci" / "build_vendored.sh", into, args.arch],
-            work, HOST_BLOCKED, [], PYTHON=sys.executable, CAKE_BUILD_DIR=str(work / "build")):
-        return 1
+    cased = [name for name in families if name in CASES]
+    jobs = {}
+
+    def child_job(side: str, name: str) -> Job:
+        command = [sys.executable, Path(__file__).resolve(), "--child", side, name,
+                   work / f"{name}.{side}.pt"]
+        env = {"CAKE_CACHE_DIR": str(work / f"cache-{side}")}
+        if side == "installed":  # this checkout's loader: prebuilt, else JIT (cache, compile)
+            return Job(f"{name} installed run", command, work, HOST_BLOCKED, [REPO], **env)
+        if not args.jit_only:
+            env["CAKE_JIT"] = "0"  # every library must come from the vendored build
+        return Job(f"{name} vendored run", command, work, RUN_BLOCKED, [into], **env)
+
+    # The installed runs JIT-compile their programs while the vendored tree builds.
+    for name in cased:
+        jobs[name, "installed"] = child_job("installed", name)
+    if not args.jit_only:
+        build = Job("the vendored build", ["bash", REPO / "ci" / "build_vendored.sh", into,
+                                           args.arch],
+                    work, HOST_BLOCKED, [], PYTHON=sys.executable,
+                    CAKE_BUILD_DIR=str(work / "build"))
+        if not build.finish():
+            for job in jobs.values():
+                job.process.kill()  # the installed runs this script started
+                job.process.wait()
+            return 1
+    for name in cased:
+        jobs[name, "vendored"] = child_job("vendored", name)
 
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device":
               torch.cuda.get_device_name(0), "torch": torch.__version__, "arch": args.arch,
@@ -262,18 +299,9 @@ def check(args: argparse.Namespace, families: list[str], work: Path) -> int:
             continue
         saved = {}
         failed = []
-        for side in ("vendored", "installed"):
-            output = work / f"{name}.{side}.pt"
-            command = [sys.executable, Path(__file__).resolve(), "--child", side, name, output]
-            env = {"CAKE_CACHE_DIR": str(work / f"cache-{side}")}
-            if side == "vendored":
-                if not args.jit_only:
-                    env["CAKE_JIT"] = "0"  # every library must come from the vendored build
-                done = _run(f"{name} vendored run", command, work, RUN_BLOCKED, [into], **env)
-            else:
-                done = _run(f"{name} installed run", command, work, HOST_BLOCKED, [REPO], **env)
-            if done:
-                saved[side] = torch.load(output)
+        for side in ("installed", "vendored"):
+            if jobs[name, side].finish():
+                saved[side] = torch.load(work / f"{name}.{side}.pt")
             else:
                 failed.append(side)
         if failed:
