@@ -126,7 +126,12 @@ def is_cake_gated_rmsnorm_det_train_supported(device: Optional[torch.device | in
 
 class CakeGatedRMSNormDetFunction(torch.autograd.Function):
     """``apply(x, g, weight, residual, eps, weight_offset)``: y, or ``(y, x + residual)`` with
-    a residual; deterministic backward. Saves the normalised input, g, the weight and rstd."""
+    a residual; deterministic backward. Saves the normalised input, g, the weight and rstd.
+
+    Example::
+
+        >>> y = CakeGatedRMSNormDetFunction.apply(x, g, w, None, 1e-6, 0.0)
+    """
 
     @staticmethod
     def forward(ctx, x, g, weight, residual, eps, weight_offset):

@@ -31,9 +31,9 @@ def reference_backward(dy: torch.Tensor, x: torch.Tensor, g: torch.Tensor, weigh
                        dsum: Optional[torch.Tensor] = None) -> tuple:
     """``(dx, dg, dweight)`` in float64 by autograd; x is the normalised input and ``dsum``
     (the gradient of the prenorm sum) is added to dx."""
-    xd = x.double().requires_grad_(True)
-    gd = g.double().requires_grad_(True)
-    wd = weight.double().requires_grad_(True)
+    xd = x.detach().to(torch.float64, copy=True).requires_grad_(True)
+    gd = g.detach().to(torch.float64, copy=True).requires_grad_(True)
+    wd = weight.detach().to(torch.float64, copy=True).requires_grad_(True)
     rstd = torch.rsqrt(xd.square().mean(dim=-1, keepdim=True) + eps)
     y = xd * rstd * (wd + weight_offset) * (gd * torch.sigmoid(gd))
     dx, dg, dweight = torch.autograd.grad(y, (xd, gd, wd), dy.double())

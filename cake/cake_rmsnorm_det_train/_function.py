@@ -132,7 +132,12 @@ def is_cake_rmsnorm_det_train_supported(device: Optional[torch.device | int] = N
 class CakeRMSNormDetFunction(torch.autograd.Function):
     """``apply(x, weight, residual, eps, weight_offset)``: y, or ``(y, x + residual)`` with a
     residual; deterministic backward. Saves the normalised input, the weight and rstd.
-    Gradients come in the inputs' dtypes (dweight in the weight's, accumulated in fp32)."""
+    Gradients come in the inputs' dtypes (dweight in the weight's, accumulated in fp32).
+
+    Example::
+
+        >>> y = CakeRMSNormDetFunction.apply(x, w, None, 1e-6, 0.0)
+    """
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps, weight_offset):

@@ -32,8 +32,8 @@ def reference_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
                        dsum: Optional[torch.Tensor] = None) -> tuple:
     """``(dx, dweight)`` in float64 for ``y = rmsnorm(x)`` with upstream ``dy`` (and ``dsum``,
     the gradient of the prenorm sum, added to dx). Here x is the normalised input."""
-    xd = x.double().requires_grad_(True)
-    wd = weight.double().requires_grad_(True)
+    xd = x.detach().to(torch.float64, copy=True).requires_grad_(True)
+    wd = weight.detach().to(torch.float64, copy=True).requires_grad_(True)
     rstd = torch.rsqrt(xd.square().mean(dim=-1, keepdim=True) + eps)
     y = xd * rstd * (wd + weight_offset)
     dx, dweight = torch.autograd.grad(y, (xd, wd), dy.double())

@@ -1,0 +1,249 @@
+"""CPU tests of the RMSNorm families: references, family tables and routes, host checks, names,
+and (with nvcc, no GPU needed) the C entries' own argument checks and workspace sizes."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import inspect
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cake.core import jit, rmsnorm  # noqa: E402
+from cake.core import manifest as mf  # noqa: E402
+from cake.cake_gated_rmsnorm_det_train import reference as gated_ref  # noqa: E402
+from cake.cake_rmsnorm_det_train import reference as plain_ref  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+NAMES = ("cake_rmsnorm_det_train", "cake_gated_rmsnorm_det_train")
+MANIFESTS = {name: mf.read(REPO / "manifests" / f"{name}.json") for name in NAMES}
+
+
+# --------------------------------------------------------------------------- references
+
+
+@pytest.mark.parametrize("weight_offset", [0.0, 1.0])
+@pytest.mark.parametrize("cols", [1, 7, 64])
+def test_plain_reference_matches_torch(cols, weight_offset):
+    torch.manual_seed(cols)
+    x = torch.randn(5, 3, cols, dtype=torch.float64)
+    w = torch.randn(cols, dtype=torch.float64)
+    y, s, rstd = plain_ref.reference_forward(x, w, eps=1e-5, weight_offset=weight_offset)
+    want = torch.nn.functional.rms_norm(x, (cols,), w + weight_offset, 1e-5)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    assert s is not None and rstd.shape == x.shape[:-1]
+    dy = torch.randn_like(x)
+    dx, dw = plain_ref.reference_backward(dy, x, w, eps=1e-5, weight_offset=weight_offset)
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    torch.nn.functional.rms_norm(xr, (cols,), wr + weight_offset, 1e-5).backward(dy)
+    torch.testing.assert_close(dx, xr.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dw, wr.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_gated_reference_is_norm_then_gate():
+    torch.manual_seed(3)
+    x, g = torch.randn(2, 9, 16, dtype=torch.float64), torch.randn(2, 9, 16, dtype=torch.float64)
+    w = torch.randn(16, dtype=torch.float64)
+    y, _, _ = gated_ref.reference_forward(x, g, w, eps=1e-6)
+    want = torch.nn.functional.rms_norm(x, (16,), w, 1e-6) * torch.nn.functional.silu(g)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(x)
+    dsum = torch.randn_like(x)
+    dx, dg, dw = gated_ref.reference_backward(dy, x, g, w, dsum=dsum)
+    leaves = [t.clone().requires_grad_(True) for t in (x, g, w)]
+    out = torch.nn.functional.rms_norm(leaves[0], (16,), leaves[2], 1e-6) * \
+        torch.nn.functional.silu(leaves[1])
+    out.backward(dy)
+    torch.testing.assert_close(dx, leaves[0].grad + dsum, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dg, leaves[1].grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dw, leaves[2].grad, rtol=1e-10, atol=1e-12)
+
+
+def test_prenorm_sum_is_rounded_like_the_kernels():
+    x = torch.tensor([[1.0, 2.0 ** -9]], dtype=torch.bfloat16)
+    r = torch.tensor([[2.0 ** -9, 1.0]], dtype=torch.bfloat16)
+    _, s, _ = plain_ref.reference_forward(x, torch.ones(2), r)
+    assert torch.equal(s, (x.float() + r.float()).to(torch.bfloat16).double())
+    _, s_exact, _ = plain_ref.reference_forward(x, torch.ones(2), r, round_sum=False)
+    assert not torch.equal(s, s_exact)
+
+
+# --------------------------------------------------------------------------- tables, routes
+
+
+def _table(name):
+    spec = importlib.util.spec_from_file_location(f"_table_{name}",
+                                                  REPO / "tools" / "families" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FAMILY
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_family_tables(name):
+    family = _table(name)
+    manifest = MANIFESTS[name]
+    assert family.name == name and len(family.specs) == len(manifest.programs) == 6
+    gated = int(name.startswith("cake_gated"))
+    assert all(s.params["CAKE_GATED"] == gated for s in family.specs)
+    variants = {(p.variant["dtype"], p.variant["load"]) for p in manifest.programs}
+    assert variants == {(d, l) for d in ("bfloat16", "float16", "float32")
+                        for l in ("vector", "scalar")}
+    for program in manifest.programs:
+        assert program.route == {"cols_min": 1, "cols_max": 16384}
+        assert program.entries == tuple(f"{program.library}_{e}" for e in
+                                        ("digest", "abi_version", "forward", "backward",
+                                         "workspace_bytes"))
+        assert set(program.kernels) == {f"kernel_{program.library}_{k}"
+                                        for k in ("forward", "backward", "dweight")}
+        assert "cake/rmsnorm_common.cuh" in program.headers
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", rmsnorm.DTYPES, ids=str)
+@pytest.mark.parametrize("vector", [True, False])
+@pytest.mark.parametrize("cols", [1, 8, 16384])
+def test_route_picks_the_variant(name, dtype, vector, cols):
+    problem = rmsnorm.Problem(device=torch.device("cuda", 0), dtype=dtype, rows=10, cols=cols,
+                              weight_fp32=False, gated=name.startswith("cake_gated"),
+                              has_residual=False, vector=vector)
+    program = rmsnorm.select(MANIFESTS[name], problem, "sm_90a")
+    assert program.variant == {"dtype": str(dtype)[6:], "load": "vector" if vector else "scalar"}
+    with pytest.raises(ValueError, match="no program"):
+        rmsnorm.select(MANIFESTS[name], problem, "sm_120a")
+
+
+def test_scalar_checks():
+    assert rmsnorm.fp32_bits(1.0) == 0x3F800000 and rmsnorm.fp32_bits(0.0) == 0
+    for bad, error in ((0.0, ValueError), (-1.0, ValueError), (1e-50, ValueError),
+                       (float("inf"), ValueError), (float("nan"), ValueError), (True, TypeError),
+                       ("1e-6", TypeError), (None, TypeError), (1e39, ValueError)):
+        with pytest.raises(error, match="^eps: "):
+            rmsnorm._check_number("eps", bad, positive=True)
+    assert rmsnorm._check_number("weight_offset", -1, positive=False) == -1.0
+
+
+def test_validation_rejects_cpu_tensors_first():
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^x: expected a CUDA tensor"):
+        rmsnorm.validate_forward(x=x, gate=None, weight=torch.ones(8), residual=None, eps=1e-6,
+                                 weight_offset=0.0, gated=False, out=None, residual_out=None,
+                                 rstd=None)
+    with pytest.raises(TypeError, match="^x: expected dtype"):
+        rmsnorm.validate_forward(x=x.double(), gate=None, weight=torch.ones(8), residual=None,
+                                 eps=1e-6, weight_offset=0.0, gated=False, out=None,
+                                 residual_out=None, rstd=None)
+
+
+# --------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_public_names_follow_the_scheme(name):
+    package = importlib.import_module(f"cake.{name}")
+    op = "gated_rmsnorm" if "gated" in name else "rmsnorm"
+    cls = "GatedRMSNorm" if "gated" in name else "RMSNorm"
+    assert sorted(package.__all__) == sorted([
+        f"cake_{op}_det", f"Cake{cls}DetFunction", f"Cake{cls}Det",
+        f"cake_{op}_det_train_forward", f"cake_{op}_det_train_backward",
+        f"cake_{op}_det_train_backward_workspace_bytes", f"is_cake_{op}_det_train_supported"])
+    for public in package.__all__:
+        assert not re.search(r"(^|_)(fwd|bwd)(_|$)", public)
+        obj = getattr(package, public)
+        assert obj.__doc__ and ("Example" in obj.__doc__ or public.startswith("is_")), public
+        if inspect.isfunction(obj):
+            params = inspect.signature(obj).parameters.values()
+            assert "deterministic" not in inspect.signature(obj).parameters
+            assert not any(p.kind is p.VAR_KEYWORD for p in params), public
+            for p in params:
+                if p.name in ("eps", "weight_offset", "out", "residual_out", "dsum",
+                              "has_residual", "grad_dtype", "dx", "dg", "dresidual", "dweight",
+                              "workspace", "dtype"):
+                    assert p.kind is p.KEYWORD_ONLY, (public, p.name)
+
+
+# --------------------------------------------------------------------------- C entries (nvcc)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """The bf16 vector program of each family, built here (the checks need no GPU)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    out = {}
+    for name in NAMES:
+        program = next(p for p in MANIFESTS[name].programs
+                       if p.variant == {"dtype": "bfloat16", "load": "vector"})
+        tree = mf.repository_tree(REPO, name)
+        path = tmp_path_factory.mktemp(name) / f"{program.library}.so"
+        subprocess.run(jit.compile_command("nvcc", tree, program, "sm_90a", path), check=True)
+        out[name] = (ctypes.CDLL(str(path)), program.library)
+    return out
+
+
+def _call(compiled, name, entry, args):
+    lib, library = compiled[name]
+    error = ctypes.create_string_buffer(512)
+    array = (ctypes.c_int64 * len(args))(*args)
+    status = getattr(lib, f"{library}_{entry}")(array, len(args), None, error, len(error))
+    return status, error.value.decode()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NAMES)
+def test_workspace_bytes_entry(compiled, name):
+    out = ctypes.c_int64(-1)
+    for rows, cols, ctas in ((0, 8, 0), (1, 8, 1), (16, 8, 1), (17, 8, 2), (16384, 4096, 1024),
+                             (16385, 16, 964), (65536, 1024, 1024), (10 ** 7, 16384, 1024)):
+        assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)]) == (0, "")
+        assert out.value == ctas * ((cols + 3) // 4 * 4) * 4, (rows, cols)
+    status, message = _call(compiled, name, "workspace_bytes", [10, 12, ctypes.addressof(out)])
+    assert status == 1 and "vector width" in message
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NAMES)
+def test_entries_check_their_arguments(compiled, name):
+    fake = 1 << 20  # an aligned, never-dereferenced address
+    gate = fake if "gated" in name else 0
+    one = rmsnorm.fp32_bits(1.0)
+    forward = [fake, 0, gate, fake, fake, 0, 0, 4, 64, 0, rmsnorm.fp32_bits(1e-6), 0]
+    cases = [
+        (forward[:11], "expected 12 arguments"),
+        (forward[:8] + [0] + forward[9:], "cols must be in [1, 16384]"),
+        (forward[:8] + [16392] + forward[9:], "cols must be in [1, 16384]"),
+        (forward[:7] + [-1] + forward[8:], "rows must be >= 0"),
+        (forward[:10] + [0, 0], "eps must be finite and > 0"),
+        (forward[:10] + [rmsnorm.fp32_bits(-1.0), 0], "eps must be finite and > 0"),
+        (forward[:9] + [2] + forward[10:], "weight_fp32 must be 0 or 1"),
+        ([0] + forward[1:], "x is null"),
+        ([fake + 2] + forward[1:], "x is not 16-byte aligned"),
+        (forward[:4] + [0] + forward[5:], "y is null"),
+        (forward[:1] + [fake] + forward[2:], "residual_out is null"),
+        (forward[:5] + [fake] + forward[6:], "residual_out given without residual"),
+        (forward[:6] + [fake + 2] + forward[7:], "rstd is not 4-byte aligned"),
+    ]
+    if gate:
+        cases.append((forward[:2] + [0] + forward[3:], "gate is null"))
+    else:
+        cases.append((forward[:2] + [fake] + forward[3:], "gate given to a program without a gate"))
+    for args, message in cases:
+        assert _call(compiled, name, "forward", args) == (1, f"forward: {message}"), message
+    backward = [fake, gate, fake, fake, fake, 0, fake, 0, gate, fake, 1 << 20, fake, 4, 64, 0, 2, one]
+    cases = [
+        (backward[:16], "expected 17 arguments"),
+        (backward[:10] + [4] + backward[11:], "workspace is smaller than backward_workspace_bytes"),
+        (backward[:15] + [3, one], "dweight dtype code must be 0, 1 or 2"),
+        (backward[:4] + [0] + backward[5:], "rstd is null"),
+        (backward[:6] + [0] + backward[7:], "dx is null"),
+        (backward[:3] + [fake + 8] + backward[4:], "dy is not 16-byte aligned"),
+        (backward[:16] + [rmsnorm.fp32_bits(float("inf"))], "weight_offset must be finite"),
+    ]
+    for args, message in cases:
+        assert _call(compiled, name, "backward", args) == (1, f"backward: {message}"), message
