@@ -41,6 +41,11 @@ namespace rmsnorm {
 // Every kernel runs at most kMaxCtaThreads threads a CTA (its launch bound, so 128 registers).
 constexpr int kMaxCtaThreads = 512;
 constexpr int kMaxCols = 16384;
+// Elements per thread: kNarrowEpt up to kNarrowMaxCols columns, else kWideEpt. Either way a row
+// group has at most kMaxCtaThreads threads (each kernel's launch bound).
+constexpr int kNarrowEpt = 16;
+constexpr int kWideEpt = 32;
+constexpr int kNarrowMaxCols = kNarrowEpt * kMaxCtaThreads;
 // Threads per CTA the launcher aims for when a row needs fewer (several row groups per CTA).
 constexpr int kTargetCtaThreads = 256;
 // Weight-gradient column reduction: a CTA covers kColLanes float4 lanes (4 columns each) and
@@ -350,7 +355,8 @@ __device__ __forceinline__ void forward(const ForwardParams& p) {
 // --------------------------------------------------------------------------- backward
 
 // Dynamic shared memory: the staged weights (tpr * kEpt floats), then, when the CTA has several
-// row groups, their weight-gradient partials (blockDim.x * kEpt floats).
+// row groups, their weight-gradient partials (blockDim.x * kEpt floats), or, in the wide instance,
+// the weight-gradient sums (tpr * kEpt floats).
 template <typename T, int kVec, int kEpt, bool kGated>
 __device__ __forceinline__ void backward(const BackwardParams& p) {
   using S = Slice<T, kVec, kEpt>;
@@ -363,15 +369,25 @@ __device__ __forceinline__ void backward(const BackwardParams& p) {
   const int lane = threadIdx.x - group * tpr;
   const int cols = p.cols;
 
+  // The wide instance (one row group a CTA) keeps its weight-gradient sums in shared memory
+  // (each thread only its own columns): in registers they would spill.
+  constexpr bool kSharedDw = kEpt == kWideEpt;
   const int row_elems = tpr * kEpt;
   float* wsm = reinterpret_cast<float*>(dynamic_smem);
   float* group_partials = wsm + row_elems;
   stage_weights<T>(wsm, p.weight, p.weight_fp32, p.weight_offset, cols, row_elems);
-  float dw[kVpt][kVec];
+  float dw[kSharedDw ? 1 : kVpt][kVec];
 #pragma unroll
   for (int c = 0; c < kVpt; ++c) {
+    const int col = S::column(c, tpr, lane);
 #pragma unroll
-    for (int v = 0; v < kVec; ++v) dw[c][v] = 0.0f;
+    for (int v = 0; v < kVec; ++v) {
+      if constexpr (kSharedDw) {
+        group_partials[col + v] = 0.0f;
+      } else {
+        dw[c][v] = 0.0f;
+      }
+    }
   }
 
   const T* s_in = static_cast<const T*>(p.s);
@@ -412,7 +428,12 @@ __device__ __forceinline__ void backward(const BackwardParams& p) {
           const float gv = g[c].get(v);
           dn *= gv * sigmoid(gv);
         }
-        dw[c][v] = fmaf(dn, xhat, dw[c][v]);
+        if constexpr (kSharedDw) {
+          float& acc = group_partials[S::column(c, tpr, lane) + v];
+          acc = fmaf(dn, xhat, acc);
+        } else {
+          dw[c][v] = fmaf(dn, xhat, dw[c][v]);
+        }
         dot = fmaf(dn * w[v], xhat, dot);
       }
     }
@@ -462,12 +483,21 @@ __device__ __forceinline__ void backward(const BackwardParams& p) {
       const int col = S::column(c, tpr, lane);
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        if (col + v < p.cols_padded) out[col + v] = col + v < cols ? dw[c][v] : 0.0f;
+        if (col + v < p.cols_padded) {
+          float total = 0.0f;
+          if constexpr (kSharedDw) {
+            total = group_partials[col + v];
+          } else {
+            total = dw[c][v];
+          }
+          out[col + v] = col + v < cols ? total : 0.0f;
+        }
       }
     }
     return;
   }
-  // Several row groups: sum their partials in group order through shared memory.
+  // Several row groups (narrow instance only): sum their partials in group order through
+  // shared memory.
   float* mine = group_partials + group * row_elems;
 #pragma unroll
   for (int c = 0; c < kVpt; ++c) {
@@ -526,11 +556,6 @@ __device__ __forceinline__ void reduce_dweight(const DweightParams& p) {
 
 // --------------------------------------------------------------------------- launch shapes
 
-// Elements per thread: kNarrowEpt up to kNarrowMaxCols columns, else kWideEpt. Either way a row
-// group has at most kMaxCtaThreads threads (each kernel's launch bound).
-constexpr int kNarrowEpt = 16;
-constexpr int kWideEpt = 32;
-constexpr int kNarrowMaxCols = kNarrowEpt * kMaxCtaThreads;
 
 __host__ __device__ inline int elems_per_thread(int cols) { return cols <= kNarrowMaxCols ? kNarrowEpt : kWideEpt; }
 
@@ -606,7 +631,10 @@ cudaError_t launch_backward(Kernel narrow, Kernel wide, const BackwardParams& p,
   const Kernel kernel = ept == kNarrowEpt ? narrow : wide;
   const int groups = row_groups_per_cta(p.tpr);
   const int threads = p.tpr * groups;
-  const size_t smem = static_cast<size_t>(p.tpr + (groups > 1 ? threads : 0)) * ept * sizeof(float);
+  // Staged weights, then the row groups' partials (narrow, several groups) or the weight-gradient
+  // sums (wide instance).
+  const bool second = groups > 1 || ept == kWideEpt;
+  const size_t smem = static_cast<size_t>(p.tpr + (second ? threads : 0)) * ept * sizeof(float);
   const cudaError_t status = allow_smem(kernel, smem);
   if (status != cudaSuccess) return status;
   kernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(p);
