@@ -15,16 +15,16 @@ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --forma
 python3 tools/bench/rmsnorm.py --precompile 2>&1 | tail -3 || exit 1
 for step in $steps; do
   case $step in
-    tests) timeout 240 python3 -m pytest -q -m "not nvcc" --maxfail=30 tests/rmsnorm -p no:cacheprovider \
+    tests) timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m "not nvcc" --maxfail=30 --durations=8 tests/rmsnorm -p no:cacheprovider \
              2>&1 | tee "$OUT/pytest.log" | grep -v "^tests/.* PASSED" | tail -45 ;;
     sanitize)
       for tool in memcheck racecheck; do
-        timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 tests/rmsnorm/sanitize.py \
+        timeout ${SANITIZE_TIMEOUT:-75} compute-sanitizer --tool $tool --error-exitcode 1 python3 tests/rmsnorm/sanitize.py \
           > "$OUT/sanitize_$tool.log" 2>&1; echo "sanitizer $tool: rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
       done ;;
-    bench) timeout 300 python3 tools/bench/rmsnorm.py --iters 20 --json "$OUT/bench.json" \
+    bench) timeout ${BENCH_TIMEOUT:-240} python3 tools/bench/rmsnorm.py --iters 20 --json "$OUT/bench.json" \
              2>&1 | tee "$OUT/bench.log" | tail -50 ;;
-    small) timeout 200 python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
+    small) timeout ${BENCH_TIMEOUT:-100} python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
              2>&1 | tee "$OUT/bench_small.log" | tail -30 ;;
   esac
 done
