@@ -148,8 +148,9 @@ def run(shapes, iters: int, bench, bandwidth: float):
             for n, y in graphs.items():
                 # Liger's backward writes dx into dy (in place): it gets its own copy.
                 upstream = dy.clone() if n == "liger" else dy
-                grads[n] = (lambda y=y, u=upstream: torch.autograd.grad(y, inputs, u,
-                                                                        retain_graph=True))
+                # allow_unused: Liger's module holds its own weight (a copy of w).
+                grads[n] = (lambda y=y, u=upstream: torch.autograd.grad(
+                    y, inputs, u, retain_graph=True, allow_unused=True))
             with torch.no_grad():
                 dx_agree = check_agreement({n: f()[0] for n, f in grads.items()})
             bwd = bench.interleaved(grads, iters=iters)
