@@ -113,7 +113,7 @@ def check_cu_seqlens(name: str, value: object, *, tokens: int, device: torch.dev
     """Validates packed-document offsets; returns the number of documents.
 
     Checked always (no device access): a 1-D contiguous int32 CUDA tensor on ``device`` with at
-    least 2 entries. Checked by reading the values (one small device-to-host copy, which waits
+    least 1 entry (N = 0 documents only for 0 tokens, which the value check enforces). Checked by reading the values (one small device-to-host copy, which waits
     for the stream) when the current stream is not capturing a CUDA graph: starts at 0,
     non-decreasing, ends at ``tokens``. A tensor that passed is remembered (by identity and its
     version counter), so calling again with the same, unmodified tensor reads nothing. Under
@@ -128,8 +128,8 @@ def check_cu_seqlens(name: str, value: object, *, tokens: int, device: torch.dev
         raise ValueError(f"{name}: expected a CUDA tensor on {device}, got {describe(value)}")
     if value.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got {describe(value)}")
-    if value.dim() != 1 or value.shape[0] < 2 or not value.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous 1-D tensor [N + 1] with N >= 1, "
+    if value.dim() != 1 or value.shape[0] < 1 or not value.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous 1-D tensor [N + 1] (N >= 0), "
                          f"got {describe(value)}")
     known = _valid_cu_seqlens.get(id(value))
     if known is not None and known[0]() is value and known[1] == value._version \
@@ -171,9 +171,20 @@ def is_capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
+_program_sets: dict[str, loader.ProgramSet] = {}
+
+
 def program_set(package_file: str) -> loader.ProgramSet:
-    """The :class:`~cake.core.loader.ProgramSet` of the family package holding ``package_file``."""
-    return loader.ProgramSet.for_package(Path(package_file).resolve().parent)
+    """The :class:`~cake.core.loader.ProgramSet` of the family package holding ``package_file``.
+
+    Cached by the file name: resolving the path touches the file system, which costs tens of
+    microseconds per call on some machines, and this runs on every launch.
+    """
+    found = _program_sets.get(package_file)
+    if found is None:
+        found = loader.ProgramSet.for_package(Path(package_file).resolve().parent)
+        _program_sets[package_file] = found
+    return found
 
 
 def device_arch(device: torch.device) -> str | None:

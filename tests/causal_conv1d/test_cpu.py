@@ -269,7 +269,7 @@ def test_library_names_follow_the_scheme():
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("tile", ["narrow", "wide_long"])
+@pytest.mark.parametrize("tile", ["short", "long"])
 def test_kernels_do_not_spill(tile, tmp_path):
     program = next(p for p in MANIFEST.programs if p.route["tile"] == tile
                    and p.variant == {"dtype": "bfloat16", "bias": True, "activation": "silu"})

@@ -326,13 +326,17 @@ def test_torch_compile_opaque_op():
     def loss(x, w, b):
         return (cake_causal_conv1d_det(x, w, b, cu).float() * dy.float()).sum()
 
-    compiled = torch.compile(loss, fullgraph=True)
-    grads = []
+    compiled = torch.compile(loss, fullgraph=True)  # fullgraph: the op must not break it
+    values, grads = [], []
     for fn in (loss, compiled):
         args = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
         value = fn(*args)
         value.backward()
-        grads.append([value.detach()] + [a.grad for a in args])
+        values.append(value.detach())
+        grads.append([a.grad for a in args])
+    # Inductor sums the loss in its own order; the gradients reaching our op are exact (dy),
+    # so the op's outputs must be bitwise equal.
+    torch.testing.assert_close(values[0], values[1], rtol=1e-5, atol=1e-3)
     assert all(torch.equal(a, c) for a, c in zip(*grads))
 
 

@@ -173,9 +173,10 @@ def tune_libraries(tiles: dict, *, dtype: str = "bfloat16"):
     import cake_causal_conv1d_det_train as table
 
     base = {"CAKE_DTYPE_BF16": 1 if dtype == "bfloat16" else 0, "CAKE_HAS_BIAS": False,
-            "CAKE_SILU": 1}
-    specs = tuple(render.Spec(variant={"tile": name}, route={}, params=dict(base, **params))
-                  for name, params in tiles.items())
+            "CAKE_SILU": 1, "CAKE_BACKWARD_MIN_BLOCKS": 1, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}
+    specs = tuple(render.Spec(variant={"tile": name}, route={}, params=dict(
+        base, CAKE_FORWARD_TOKENS_PER_THREAD=params["CAKE_TOKENS_PER_THREAD"], **params))
+        for name, params in tiles.items())
     family = render.Family(name=table.FAMILY.name, templates=table.FAMILY.templates, specs=specs)
     manifest, files = render.render_family(family, REPO)
     root = Path(tempfile.mkdtemp(prefix="cake-tune-"))
@@ -254,6 +255,33 @@ def precompile() -> None:
     print(f"precompiled {len(todo)} programs for {arch}")
 
 
+def profile_host(calls: int = 300) -> None:
+    """Where the host time of an eager fwd+bwd goes (top functions by own time)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+
+    x, w, dy, cu = make_inputs(32768, 264)
+    step = cake_calls(x, w, dy, cu)["fwd+bwd"]
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    torch.cuda.synchronize()
+    print(f"eager fwd+bwd, back to back: {(time.perf_counter() - start) / calls * 1e6:.1f} us/call")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=50)
@@ -261,10 +289,15 @@ def main(argv=None) -> int:
     parser.add_argument("--no-peer", action="store_true", help="skip FLA")
     parser.add_argument("--tune", action="store_true", help="sweep tile shapes instead")
     parser.add_argument("--precompile", action="store_true", help="JIT all programs and exit")
+    parser.add_argument("--profile-host", action="store_true",
+                        help="cProfile 300 eager fwd+bwd calls at S=32768, C=264 and exit")
     parser.add_argument("--shapes", default="all", help="'all', 'small' or S:C,S:C,...")
     args = parser.parse_args(argv)
     if args.precompile:
         precompile()
+        return 0
+    if args.profile_host:
+        profile_host()
         return 0
     bench = harness.Bench()
     bandwidth = bench.copy_bandwidth()

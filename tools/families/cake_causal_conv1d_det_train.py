@@ -7,7 +7,7 @@ program, chosen per call. The tile shape is picked per call by the route: a chan
 (``channels_min`` .. ``channels_max``, inclusive) and a token-count floor (``tokens_min``);
 ``cake/cake_causal_conv1d_det_train/_routes.py`` takes, among the programs of the variant whose
 band holds C, the one with the highest floor not above S. Every arch gets the same routes
-(tuned on the H200, sm_90a). 8 variants x 3 tiles = 24 programs.
+(tuned on the H200, sm_90a). 8 variants x 2 tiles = 16 programs.
 """
 
 import itertools
@@ -20,20 +20,24 @@ from render import Family, Spec  # noqa: E402
 _CHANNELS_MAX = 1 << 31
 
 # name: (route, params). Tokens per backward tile = TOKEN_THREADS * TOKENS_PER_THREAD * ITERATIONS;
-# the backward workspace holds one fp32 partial per (tile, tap or bias, channel).
+# the backward workspace holds one fp32 partial per (tile, tap or bias, channel). VEC = 4: a
+# thread owns 4 channels (8-byte accesses), which keeps the backward at <= 128 registers (two
+# 256-thread blocks per SM); the H200 sweep of 2026-11-29 (tools/bench/causal_conv1d.py --tune)
+# found VEC = 4 ahead of VEC = 8 at every shape.
 TILES = {
-    # C < 256: 64 channels x 256 tokens per block, so narrow C still fills the GPU.
-    "narrow": ({"channels_min": 1, "channels_max": 255, "tokens_min": 0},
-               {"CAKE_VEC": 8, "CAKE_CHANNEL_THREADS": 8, "CAKE_TOKEN_THREADS": 32,
-                "CAKE_TOKENS_PER_THREAD": 8, "CAKE_ITERATIONS": 1}),
-    # C >= 256, short packs: 256 channels x 64 tokens per block; one backward pass per block.
-    "wide": ({"channels_min": 256, "channels_max": _CHANNELS_MAX, "tokens_min": 0},
-             {"CAKE_VEC": 8, "CAKE_CHANNEL_THREADS": 32, "CAKE_TOKEN_THREADS": 8,
-              "CAKE_TOKENS_PER_THREAD": 8, "CAKE_ITERATIONS": 1}),
-    # C >= 256, long packs: the backward walks 8 x 64 tokens per block (fewer partials).
-    "wide_long": ({"channels_min": 256, "channels_max": _CHANNELS_MAX, "tokens_min": 65536},
-                  {"CAKE_VEC": 8, "CAKE_CHANNEL_THREADS": 32, "CAKE_TOKEN_THREADS": 8,
-                   "CAKE_TOKENS_PER_THREAD": 8, "CAKE_ITERATIONS": 8}),
+    # Any C, short packs (and every pack with C < 256): 64 channels x 128 tokens per block.
+    "short": ({"channels_min": 1, "channels_max": _CHANNELS_MAX, "tokens_min": 0},
+              {"CAKE_VEC": 4, "CAKE_CHANNEL_THREADS": 16, "CAKE_TOKEN_THREADS": 16,
+               "CAKE_FORWARD_TOKENS_PER_THREAD": 8, "CAKE_TOKENS_PER_THREAD": 8,
+               "CAKE_ITERATIONS": 1, "CAKE_BACKWARD_MIN_BLOCKS": 2,
+               "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 2}),
+    # C >= 256, long packs: 128 channels x 64 tokens per block; the backward walks 8 x 64
+    # tokens per block (512-token tiles: fewer partials to reduce).
+    "long": ({"channels_min": 256, "channels_max": _CHANNELS_MAX, "tokens_min": 65536},
+             {"CAKE_VEC": 4, "CAKE_CHANNEL_THREADS": 32, "CAKE_TOKEN_THREADS": 8,
+              "CAKE_FORWARD_TOKENS_PER_THREAD": 8, "CAKE_TOKENS_PER_THREAD": 8,
+              "CAKE_ITERATIONS": 8, "CAKE_BACKWARD_MIN_BLOCKS": 2,
+              "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}),
 }
 
 DTYPES = {"bfloat16": 1, "float16": 0}

@@ -30,8 +30,11 @@
 #define CAKE_SILU 1
 #define CAKE_CHANNEL_THREADS 32
 #define CAKE_TOKEN_THREADS 8
+#define CAKE_FORWARD_TOKENS_PER_THREAD 8
 #define CAKE_TOKENS_PER_THREAD 8
 #define CAKE_ITERATIONS 1
+#define CAKE_BACKWARD_MIN_BLOCKS 1
+#define CAKE_BACKWARD_SCALAR_MIN_BLOCKS 1
 // cake:end-params
 
 namespace cake_library_ns {
@@ -48,16 +51,23 @@ constexpr int kWidth = 4;
 constexpr int kChannelThreads = CAKE_CHANNEL_THREADS;
 constexpr int kTokenThreads = CAKE_TOKEN_THREADS;
 constexpr int kThreads = kChannelThreads * kTokenThreads;
-constexpr int kRun = CAKE_TOKENS_PER_THREAD;
+constexpr int kForwardRun = CAKE_FORWARD_TOKENS_PER_THREAD;
+constexpr int kRun = CAKE_TOKENS_PER_THREAD;  // backward
 constexpr int kIterations = CAKE_ITERATIONS;
-constexpr int kForwardTileTokens = kTokenThreads * kRun;
+// Resident blocks per SM the compiler must allow for the backward kernels (caps registers at
+// 64K / (threads * blocks)), for the vector and the scalar (C % VEC != 0) access paths; chosen
+// per tile so that neither spills (checked by tests/causal_conv1d/test_cpu.py).
+constexpr int kBackwardMinBlocks = CAKE_BACKWARD_MIN_BLOCKS;
+constexpr int kBackwardScalarMinBlocks = CAKE_BACKWARD_SCALAR_MIN_BLOCKS;
+constexpr int kForwardTileTokens = kTokenThreads * kForwardRun;
 constexpr int kBackwardTileTokens = kTokenThreads * kRun * kIterations;
 constexpr int kTaps = CAKE_HAS_BIAS ? kWidth + 1 : kWidth;  // partial rows: 4 taps (+ bias)
 constexpr int kReduceColumns = 32;
 constexpr int kReduceGroups = 8;
 
 static_assert(kThreads <= 1024 && kThreads % 32 == 0, "block must be whole warps, at most 1024");
-static_assert(kRun >= 1 && kIterations >= 1, "runs and iterations must be positive");
+static_assert(kRun >= 1 && kForwardRun >= 1 && kIterations >= 1,
+              "runs and iterations must be positive");
 // Backward smem: one float per (token thread, tap row * VEC channels, channel thread).
 static_assert(kTokenThreads * kTaps * kVec * kChannelThreads * 4 <= 48 * 1024,
               "backward partial reduction must fit the static 48 KB shared memory");
@@ -106,13 +116,14 @@ struct Pack {
   }
 };
 
-// Loads VEC channels of row `t`; zeros outside [0, S) x [0, C).
-template <bool kAligned>
+// Loads VEC channels of row `t`; zeros outside [0, S) x [0, C). kChecked = false: the caller
+// guarantees 0 <= t < S (interior runs), so the row check is left out.
+template <bool kAligned, bool kChecked = true>
 __device__ __forceinline__ Pack load_row(const Act* __restrict__ base, int64_t t, int64_t c0,
                                          const Params& p) {
   Pack out;
   out.raw = PackRaw{};
-  if (t < 0 || t >= p.tokens) return out;
+  if (kChecked && (t < 0 || t >= p.tokens)) return out;
   const Act* row = base + t * p.channels + c0;
   if constexpr (kAligned) {
     out.raw = __ldg(reinterpret_cast<const PackRaw*>(row));
@@ -125,10 +136,10 @@ __device__ __forceinline__ Pack load_row(const Act* __restrict__ base, int64_t t
   return out;
 }
 
-template <bool kAligned>
+template <bool kAligned, bool kChecked = true>
 __device__ __forceinline__ void store_row(Act* __restrict__ base, int64_t t, int64_t c0,
                                           const Params& p, const float (&v)[kVec]) {
-  if (t < 0 || t >= p.tokens) return;
+  if (kChecked && (t < 0 || t >= p.tokens)) return;
   Act* row = base + t * p.channels + c0;
   if constexpr (kAligned) {
     PackRaw raw;
@@ -232,6 +243,36 @@ __device__ __forceinline__ void conv(const float (&w)[kWidth][kVec], const float
 
 // ------------------------------------------------------------------------------ forward
 
+// One thread's run of kForwardRun tokens from t0. kFast: every row of [t0-3, t0+kForwardRun)
+// is in [0, S) and in the document of t0, so no bounds checks and no masks.
+template <bool kAligned, bool kFast>
+__device__ __forceinline__ void forward_run(const Params& p, int64_t t0, int64_t c0,
+                                            const float (&w)[kWidth][kVec],
+                                            const float (&b)[kVec], DocCursor& d) {
+  // Rows t0-3 .. t0+kForwardRun-1, all loads issued before the first use.
+  Pack xs[kForwardRun + 3];
+#pragma unroll
+  for (int i = 0; i < kForwardRun + 3; ++i)
+    xs[i] = load_row<kAligned, !kFast>(p.x, t0 - 3 + i, c0, p);
+#pragma unroll
+  for (int i = 0; i < kForwardRun; ++i) {
+    const int64_t u = t0 + i;
+    int m = 0;
+    if (!kFast) {
+      d.advance(p, u);
+      m = masked_taps(d.start, u);
+    }
+    float z[kVec];
+    if (m == 0) conv<false>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], 0, z);
+    else conv<true>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], m, z);
+    if (CAKE_SILU) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) z[j] *= sigmoid_of(z[j]);
+    }
+    store_row<kAligned, !kFast>(p.y, u, c0, p, z);
+  }
+}
+
 template <typename W, bool kAligned>
 __device__ __forceinline__ void forward_body(const Params& p) {
   const int64_t block = blockIdx.x;
@@ -240,33 +281,17 @@ __device__ __forceinline__ void forward_body(const Params& p) {
   const int64_t vec = ct * kChannelThreads + threadIdx.x % kChannelThreads;
   if (vec >= p.vectors) return;
   const int64_t c0 = vec * kVec;
-  const int64_t t0 =
-      tt * kForwardTileTokens + static_cast<int64_t>(threadIdx.x / kChannelThreads) * kRun;
+  const int64_t t0 = tt * kForwardTileTokens +
+                     static_cast<int64_t>(threadIdx.x / kChannelThreads) * kForwardRun;
   if (t0 >= p.tokens) return;
-
-  // Rows t0-3 .. t0+kRun-1, all loads issued before the first use.
-  Pack xs[kRun + 3];
-#pragma unroll
-  for (int i = 0; i < kRun + 3; ++i) xs[i] = load_row<kAligned>(p.x, t0 - 3 + i, c0, p);
   float w[kWidth][kVec], b[kVec];
   load_weights<W>(p, c0, w, b);
-
   DocCursor d;
   d.seek(p, t0);
-#pragma unroll
-  for (int i = 0; i < kRun; ++i) {
-    const int64_t u = t0 + i;
-    d.advance(p, u);
-    const int m = masked_taps(d.start, u);
-    float z[kVec];
-    if (m == 0) conv<false>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], 0, z);
-    else conv<true>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], m, z);
-    if (CAKE_SILU) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) z[j] *= sigmoid_of(z[j]);
-    }
-    store_row<kAligned>(p.y, u, c0, p, z);
-  }
+  const bool fast = t0 >= 3 && t0 + kForwardRun <= p.tokens && d.start <= t0 - 3 &&
+                    d.end >= t0 + kForwardRun;
+  if (fast) forward_run<kAligned, true>(p, t0, c0, w, b, d);
+  else forward_run<kAligned, false>(p, t0, c0, w, b, d);
 }
 
 // ------------------------------------------------------------------------------ backward
@@ -274,26 +299,30 @@ __device__ __forceinline__ void forward_body(const Params& p) {
 // Walks u over [t0, t0+kRun+3): recomputes z[u], forms dz[u] = dy[u] silu'(z[u]), scatters
 // w[k] dz[u] into dx[u-3+k] for live taps (dx[u-3] is then complete and stored), and for u in
 // the run adds dz[u] x[u-3+k] to dweight[k] and dz[u] to dbias.
-template <typename W, bool kAligned>
+// kFast: every row of [t0-3, t0+kRun+3) is in [0, S) and in the document of t0, so no bounds
+// checks and no masks.
+template <bool kAligned, bool kFast>
 __device__ __forceinline__ void backward_run(const Params& p, int64_t t0, int64_t c0,
                                              const float (&w)[kWidth][kVec], const float (&b)[kVec],
-                                             float (&dw)[kWidth][kVec], float (&db)[kVec]) {
+                                             float (&dw)[kWidth][kVec], float (&db)[kVec],
+                                             DocCursor& d) {
   Pack xs[kRun + 6];
 #pragma unroll
-  for (int i = 0; i < kRun + 6; ++i) xs[i] = load_row<kAligned>(p.x, t0 - 3 + i, c0, p);
+  for (int i = 0; i < kRun + 6; ++i) xs[i] = load_row<kAligned, !kFast>(p.x, t0 - 3 + i, c0, p);
   float acc[kWidth][kVec];  // acc[k] = dx[u-3+k] being accumulated
 #pragma unroll
   for (int k = 0; k < kWidth; ++k)
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc[k][j] = 0.f;
-  DocCursor d;
-  d.seek(p, t0);
 #pragma unroll
   for (int i = 0; i < kRun + 3; ++i) {
     const int64_t u = t0 + i;
-    const Pack g = load_row<kAligned>(p.dy, u, c0, p);  // zero past S, so dz = 0 there
-    d.advance(p, u);
-    const int m = masked_taps(d.start, u);
+    const Pack g = load_row<kAligned, !kFast>(p.dy, u, c0, p);  // zero past S: dz = 0 there
+    int m = 0;
+    if (!kFast) {
+      d.advance(p, u);
+      m = masked_taps(d.start, u);
+    }
     float dz[kVec];
     if (m == 0) conv<false>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], 0, dz);
     else conv<true>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], m, dz);
@@ -340,7 +369,7 @@ __device__ __forceinline__ void backward_run(const Params& p, int64_t t0, int64_
         }
       }
     }
-    if (i >= 3) store_row<kAligned>(p.dx, u - 3, c0, p, acc[0]);
+    if (i >= 3) store_row<kAligned, !kFast>(p.dx, u - 3, c0, p, acc[0]);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       acc[0][j] = acc[1][j];
@@ -377,7 +406,12 @@ __device__ __forceinline__ void backward_body(const Params& p) {
       const int64_t t0 =
           tt * kBackwardTileTokens + (static_cast<int64_t>(it) * kTokenThreads + ty) * kRun;
       if (t0 >= p.tokens) break;
-      backward_run<W, kAligned>(p, t0, c0, w, b, dw, db);
+      DocCursor d;
+      d.seek(p, t0);
+      const bool fast = t0 >= 3 && t0 + kRun + 3 <= p.tokens && d.start <= t0 - 3 &&
+                        d.end >= t0 + kRun + 3;
+      if (fast) backward_run<kAligned, true>(p, t0, c0, w, b, dw, db, d);
+      else backward_run<kAligned, false>(p, t0, c0, w, b, dw, db, d);
     }
   }
 
@@ -448,6 +482,8 @@ using cake_library_ns::Params;
 
 // Kernel names: <weight: a = activation dtype, f = fp32><access: v = vectors, s = scalar>.
 constexpr int kThreads = cake_library_ns::kThreads;
+constexpr int kBackwardMinBlocks = cake_library_ns::kBackwardMinBlocks;
+constexpr int kScalarMinBlocks = cake_library_ns::kBackwardScalarMinBlocks;
 
 __global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_av(const Params p) {
   cake_library_ns::forward_body<Act, true>(p);
@@ -461,16 +497,16 @@ __global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_fv(const
 __global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_fs(const Params p) {
   cake_library_ns::forward_body<float, false>(p);
 }
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_av(const Params p) {
+__global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) kernel_cake_library_backward_av(const Params p) {
   cake_library_ns::backward_body<Act, true>(p);
 }
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_as(const Params p) {
+__global__ void __launch_bounds__(kThreads, kScalarMinBlocks) kernel_cake_library_backward_as(const Params p) {
   cake_library_ns::backward_body<Act, false>(p);
 }
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_fv(const Params p) {
+__global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) kernel_cake_library_backward_fv(const Params p) {
   cake_library_ns::backward_body<float, true>(p);
 }
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_backward_fs(const Params p) {
+__global__ void __launch_bounds__(kThreads, kScalarMinBlocks) kernel_cake_library_backward_fs(const Params p) {
   cake_library_ns::backward_body<float, false>(p);
 }
 
@@ -532,7 +568,7 @@ inline int common(const cake::Args& a, int64_t tokens, int64_t channels, int64_t
   if (!CAKE_HAS_BIAS && p.bias != nullptr)
     return fail(error, error_len, kInvalidArgument, "bias given but this program has no bias");
   if (tokens > 0 && p.x == nullptr) return fail(error, error_len, kInvalidArgument, "x is null");
-  if (p.cu_seqlens != nullptr && num_docs < 1)
+  if (p.cu_seqlens != nullptr && tokens > 0 && num_docs < 1)
     return fail(error, error_len, kInvalidArgument, "num_docs must be >= 1, got %lld",
                 static_cast<long long>(num_docs));
   if (p.cu_seqlens == nullptr && tokens > 0 && doc_len < 1)
