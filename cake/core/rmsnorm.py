@@ -84,8 +84,8 @@ def _check_like(name: str, value: object, x: torch.Tensor, what: str) -> torch.T
     return value
 
 
-def _vector_ok(cols: int, dtype: torch.dtype, tensors) -> bool:
-    width = VECTOR_BYTES // torch.tensor([], dtype=dtype).element_size()
+def _vector_ok(cols: int, element_size: int, tensors) -> bool:
+    width = VECTOR_BYTES // element_size
     return cols % width == 0 and all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors if t is not None)
 
 
@@ -110,7 +110,7 @@ def validate_inputs(*, x, gate, weight, residual, eps, weight_offset, gated: boo
         _check_number("eps", eps, positive=True)
     _check_number("weight_offset", weight_offset, positive=False)
     rows = x.numel() // cols
-    vector = _vector_ok(cols, x.dtype, [x, gate, residual, *row_tensors.values()])
+    vector = _vector_ok(cols, x.element_size(), [x, gate, residual, *row_tensors.values()])
     return Problem(device=x.device, dtype=x.dtype, rows=rows, cols=cols,
                    weight_fp32=weight.dtype == torch.float32, gated=gated,
                    has_residual=residual is not None, vector=vector)
@@ -215,15 +215,36 @@ def _ptr(tensor: Optional[torch.Tensor]) -> int:
 
 
 class Programs:
-    """The programs of one RMSNorm family package and its three entries."""
+    """The programs of one RMSNorm family package and its three entries.
+
+    The entries of each (device, dtype, route, D) are resolved once and kept, so a call costs
+    one dictionary lookup on top of its checks (no path resolution or routing per call).
+    """
 
     def __init__(self, package_file: str):
         self._package_file = package_file
+        self._set = None
+        self._entries: dict[tuple, tuple] = {}
+
+    def _programs(self):
+        if self._set is None:
+            self._set = host.program_set(self._package_file)
+        return self._set
 
     def library(self, problem: Problem):
-        programs = host.program_set(self._package_file)
+        programs = self._programs()
         program = select(programs.manifest, problem, host.device_arch(problem.device))
         return programs.library(program, problem.device.index)
+
+    def entries(self, problem: Problem) -> tuple:
+        """``(forward, backward, workspace_bytes)`` entries of the program serving ``problem``."""
+        key = (problem.device.index, problem.dtype, problem.vector, problem.cols)
+        found = self._entries.get(key)
+        if found is None:
+            library = self.library(problem)
+            found = self._entries[key] = (library.entry("forward"), library.entry("backward"),
+                                          library.entry("workspace_bytes"))
+        return found
 
     def supported(self, device: Optional[torch.device | int], dtype: torch.dtype) -> bool:
         """A CUDA device is present and its arch is one the programs are built for."""
@@ -234,21 +255,20 @@ class Programs:
         if index >= torch.cuda.device_count():
             return False
         arch = host.device_arch(torch.device("cuda", index))
-        return any(arch in p.arches for p in host.program_set(self._package_file).manifest.programs)
+        return any(arch in p.arches for p in self._programs().manifest.programs)
 
     def workspace_bytes(self, problem: Problem) -> int:
         if problem.rows == 0:
             return 0
         out = ctypes.c_int64(-1)
-        self.library(problem).entry("workspace_bytes")(
-            [problem.rows, problem.cols, ctypes.addressof(out)], 0)
+        self.entries(problem)[2]([problem.rows, problem.cols, ctypes.addressof(out)], 0)
         return out.value
 
     def forward_into(self, problem: Problem, *, x, gate, weight, residual, eps, weight_offset,
                      y, residual_out, rstd) -> None:
         if problem.rows == 0:
             return
-        self.library(problem).entry("forward")(
+        self.entries(problem)[0](
             [_ptr(x), _ptr(residual), _ptr(gate), _ptr(weight), _ptr(y), _ptr(residual_out),
              _ptr(rstd), problem.rows, problem.cols, int(problem.weight_fp32), fp32_bits(eps),
              fp32_bits(weight_offset)],
@@ -257,7 +277,7 @@ class Programs:
     def backward_into(self, problem: Problem, *, dy, x, gate, weight, rstd, dsum, weight_offset,
                       dx, dg, dresidual, dweight, workspace) -> None:
         size = 0 if workspace is None else workspace.numel() * workspace.element_size()
-        self.library(problem).entry("backward")(
+        self.entries(problem)[1](
             [_ptr(x), _ptr(gate), _ptr(weight), _ptr(dy), _ptr(rstd), _ptr(dsum), _ptr(dx),
              _ptr(dresidual), _ptr(dg), _ptr(workspace), size, _ptr(dweight), problem.rows,
              problem.cols, int(problem.weight_fp32), _DTYPE_CODES[dweight.dtype],

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the RMSNorm families: JIT all programs, GPU tests, compute-sanitizer,
 # benchmark. On the GPU machine, from the repository root (fla-core and liger-kernel wheels in .whl/):
-#   bash tests/rmsnorm/h200_run.sh [tests|sanitize|bench|small ...]   (default: tests sanitize bench)
+#   bash tests/rmsnorm/h200_run.sh [tests|quick|sanitize|bench|small ...]   (default: tests sanitize bench)
+# quick: the tests without the two slow ones (processes, torch.compile). Step time limits come
+# from TESTS_TIMEOUT, SANITIZE_TIMEOUT, BENCH_TIMEOUT; BENCH_ITERS sets the samples per figure.
 set -o pipefail
 export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,14 +17,16 @@ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --forma
 python3 tools/bench/rmsnorm.py --precompile 2>&1 | tail -3 || exit 1
 for step in $steps; do
   case $step in
-    tests) timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m "not nvcc" --maxfail=30 --durations=8 tests/rmsnorm -p no:cacheprovider \
+    tests|quick)
+      select=(); [[ $step == quick ]] && select=(-k "not processes and not torch_compile")
+      timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m "not nvcc" --maxfail=30 --durations=8 tests/rmsnorm -p no:cacheprovider "${select[@]}" \
              2>&1 | tee "$OUT/pytest.log" | grep -v "^tests/.* PASSED" | tail -45 ;;
     sanitize)
       for tool in memcheck racecheck; do
         timeout ${SANITIZE_TIMEOUT:-75} compute-sanitizer --tool $tool --error-exitcode 1 python3 tests/rmsnorm/sanitize.py \
           > "$OUT/sanitize_$tool.log" 2>&1; echo "sanitizer $tool: rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
       done ;;
-    bench) timeout ${BENCH_TIMEOUT:-240} python3 tools/bench/rmsnorm.py --iters 20 --json "$OUT/bench.json" \
+    bench) timeout ${BENCH_TIMEOUT:-240} python3 tools/bench/rmsnorm.py --iters ${BENCH_ITERS:-20} --json "$OUT/bench.json" \
              2>&1 | tee "$OUT/bench.log" | tail -50 ;;
     small) timeout ${BENCH_TIMEOUT:-100} python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
              2>&1 | tee "$OUT/bench_small.log" | tail -30 ;;

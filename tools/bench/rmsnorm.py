@@ -43,6 +43,7 @@ SHAPES = [(t, d) for t in (65536, 262144) for d in (1024, 2048, 4096, 8192)]
 SMALL = [(65536, 2048), (65536, 8192)]
 PARTIAL_ROWS = 1024
 EPS = 1e-6
+WARMUP = 3
 
 
 def precompile() -> None:
@@ -114,6 +115,45 @@ def forwards(t: int, d: int, peers: dict, compiled: dict):
     return (x, g, w), plain, gated
 
 
+def graphed(t: int, d: int, x, g, w, dy) -> tuple:
+    """Cake's forward and backward helpers with caller buffers, captured in CUDA graphs:
+    (plain fwd, plain bwd, gated fwd, gated bwd) replays. Their time is the kernels' alone
+    (no Python, validation or launch gaps), next to the eager figures."""
+    import torch
+
+    from cake.cake_gated_rmsnorm_det_train import (
+        cake_gated_rmsnorm_det_train_backward, cake_gated_rmsnorm_det_train_backward_workspace_bytes,
+        cake_gated_rmsnorm_det_train_forward)
+    from cake.cake_rmsnorm_det_train import (
+        cake_rmsnorm_det_train_backward, cake_rmsnorm_det_train_backward_workspace_bytes,
+        cake_rmsnorm_det_train_forward)
+
+    x, g, w = x.detach(), g.detach(), w.detach()
+    y, dx, dg = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    rstd = torch.empty(t, dtype=torch.float32, device="cuda")
+    dw = torch.empty_like(w)
+    ws = torch.empty(cake_rmsnorm_det_train_backward_workspace_bytes(x, w), dtype=torch.uint8,
+                     device="cuda")
+    assert ws.numel() == cake_gated_rmsnorm_det_train_backward_workspace_bytes(x, g, w)
+    calls = (
+        lambda: cake_rmsnorm_det_train_forward(x, w, eps=EPS, out=y, rstd=rstd),
+        lambda: cake_rmsnorm_det_train_backward(dy, x, w, rstd, grad_dtype=w.dtype, dx=dx,
+                                                dweight=dw, workspace=ws),
+        lambda: cake_gated_rmsnorm_det_train_forward(x, g, w, eps=EPS, out=y, rstd=rstd),
+        lambda: cake_gated_rmsnorm_det_train_backward(dy, x, g, w, rstd, grad_dtype=w.dtype, dx=dx,
+                                                      dg=dg, dweight=dw, workspace=ws),
+    )
+    replays = []
+    for call in calls:
+        call()  # loads the program before capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        replays.append(graph.replay)
+    return replays, (y, dx, dg, rstd, dw, ws)
+
+
 def check_agreement(outputs: dict) -> dict:
     """Max |peer - cake| / max |cake| of each peer's output: a sanity check of the setup."""
     base = outputs["cake"].float()
@@ -122,10 +162,12 @@ def check_agreement(outputs: dict) -> dict:
             if name != "cake"}
 
 
-def run(shapes, iters: int, bench, bandwidth: float):
+def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None):
     import torch
     import torch.nn.functional as F
 
+    # The compiled peers' backward runs several times on one graph (retain_graph=True).
+    torch._functorch.config.donated_buffer = False
     peers = _peers()
     for name, value in peers.items():
         if isinstance(value, str):
@@ -136,13 +178,15 @@ def run(shapes, iters: int, bench, bandwidth: float):
     for t, d in shapes:
         (x, g, w), plain, gated = forwards(t, d, peers, compiled)
         dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
+        replays, buffers = graphed(t, d, x, g, w, dy)
         partial_bytes = 2 * PARTIAL_ROWS * d * 4
-        for label, fns, inputs, fwd_bytes, bwd_bytes in (
-                ("fwd", plain, (x, w), 4 * t * d, 6 * t * d + partial_bytes),
-                ("gated fwd", gated, (x, g, w), 6 * t * d, 10 * t * d + partial_bytes)):
+        for label, fns, inputs, fwd_bytes, bwd_bytes, (fwd_graph, bwd_graph) in (
+                ("fwd", plain, (x, w), 4 * t * d, 6 * t * d + partial_bytes, replays[:2]),
+                ("gated fwd", gated, (x, g, w), 6 * t * d, 10 * t * d + partial_bytes, replays[2:])):
             with torch.no_grad():
                 agreement = check_agreement({n: f() for n, f in fns.items()})
-            timings = bench.interleaved({n: (lambda f=f: f()) for n, f in fns.items()}, iters=iters)
+            timings = bench.interleaved(dict({n: (lambda f=f: f()) for n, f in fns.items()},
+                                             **{"cake graph": fwd_graph}), iters=iters, warmup=WARMUP)
             graphs = {n: f() for n, f in fns.items()}
             grads = {}
             for n, y in graphs.items():
@@ -153,7 +197,7 @@ def run(shapes, iters: int, bench, bandwidth: float):
                     y, inputs, u, retain_graph=True, allow_unused=True))
             with torch.no_grad():
                 dx_agree = check_agreement({n: f()[0] for n, f in grads.items()})
-            bwd = bench.interleaved(grads, iters=iters)
+            bwd = bench.interleaved(dict(grads, **{"cake graph": bwd_graph}), iters=iters, warmup=WARMUP)
             for phase, times, nbytes, agree in ((label, timings, fwd_bytes, agreement),
                                                 (label.replace("fwd", "bwd"), bwd, bwd_bytes,
                                                  dx_agree)):
@@ -164,14 +208,18 @@ def run(shapes, iters: int, bench, bandwidth: float):
                         "TB/s": nbytes / (timing.median * 1e-3) / 1e12,
                         "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth),
                         "max rel diff vs cake": agree.get(name, 0.0)})
-                best_peer = min((tm.median for n, tm in times.items() if n != "cake"), default=None)
-                cake_ms = times["cake"].median
+                best_peer = min((tm.median for n, tm in times.items() if not n.startswith("cake")),
+                                default=None)
+                cake_ms, graph_ms = times["cake"].median, times["cake graph"].median
                 print(f"T={t} D={d} {phase:9s} cake {cake_ms:.3f} ms "
-                      f"({harness.percent_of_roofline(nbytes, cake_ms, bandwidth):.1f}% of copy)"
+                      f"({harness.percent_of_roofline(nbytes, cake_ms, bandwidth):.1f}% of copy), "
+                      f"graph {graph_ms:.3f} ms "
+                      f"({harness.percent_of_roofline(nbytes, graph_ms, bandwidth):.1f}%)"
                       + (f", best peer {best_peer:.3f} ms" if best_peer else ""), flush=True)
             del graphs, grads
-        del x, g, w, dy, plain, gated
+        del x, g, w, dy, plain, gated, replays, buffers
         torch.cuda.empty_cache()
+        on_shape(rows)
     return rows
 
 
@@ -190,12 +238,15 @@ def main(argv=None) -> int:
     bench = harness.Bench()
     bandwidth = bench.copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.3f} TB/s (read + written)", flush=True)
-    rows = run(shapes, args.iters, bench, bandwidth)
+
+    def save(rows):  # after every shape, so a run cut short keeps what it measured
+        if args.json:
+            harness.write_json(args.json, {"device": harness.device_summary(),
+                                           "copy_bandwidth": bandwidth, "rows": rows})
+
+    rows = run(shapes, args.iters, bench, bandwidth, save)
     print(harness.format_table(rows, ["T", "D", "op", "impl", "ms", "TB/s", "% copy", "spread",
                                       "max rel diff vs cake"]))
-    if args.json:
-        harness.write_json(args.json, {"device": harness.device_summary(),
-                                       "copy_bandwidth": bandwidth, "rows": rows})
     return 0
 
 

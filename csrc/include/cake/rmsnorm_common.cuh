@@ -265,6 +265,27 @@ __device__ __forceinline__ void weights_at(float (&w)[kVec], const float* wsm, i
   }
 }
 
+// Whether an instance keeps a second row in flight (software pipelining): the narrow vector
+// instances, except gated fp32, where the second set of registers would spill.
+template <typename T, int kVec, int kEpt, bool kGated>
+__host__ __device__ constexpr bool prefetches() {
+  return kEpt == kNarrowEpt && kVec > 1 && !(kGated && sizeof(T) == 4);
+}
+
+// Loads one thread's slice of row `row` of `base` (zeros past the row's end or for a row
+// outside the call, which is not read).
+template <typename T, int kVec, int kEpt>
+__device__ __forceinline__ void load_slice(Pack<T, kVec> (&dst)[kEpt / kVec], const T* base, int64_t row,
+                                           bool row_ok, int cols, int tpr, int lane) {
+  using S = Slice<T, kVec, kEpt>;
+  const int64_t offset = row * cols;
+#pragma unroll
+  for (int c = 0; c < S::kVpt; ++c) {
+    const int col = S::column(c, tpr, lane);
+    dst[c] = row_ok && col < cols ? load_pack<T, kVec>(base + offset + col) : zero_pack<T, kVec>();
+  }
+}
+
 template <typename T, int kVec, int kEpt, bool kGated>
 __device__ __forceinline__ void forward(const ForwardParams& p) {
   using S = Slice<T, kVec, kEpt>;
@@ -287,19 +308,26 @@ __device__ __forceinline__ void forward(const ForwardParams& p) {
   T* residual_out = static_cast<T*>(p.residual_out);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   int parity = 0;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * groups; base < p.rows;
-       base += static_cast<int64_t>(gridDim.x) * groups) {
+  // The narrow vector instances load the next row while they reduce and write the current one.
+  constexpr bool kPrefetch = prefetches<T, kVec, kEpt, kGated>();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
+  int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
+  Pack<T, kVec> s[kVpt], g[kVpt], s_next[kVpt], g_next[kVpt];
+  if (kPrefetch) {
+    load_slice<T, kVec, kEpt>(s, x, base + group, base + group < p.rows, cols, tpr, lane);
+    if (kGated) load_slice<T, kVec, kEpt>(g, gate, base + group, base + group < p.rows, cols, tpr, lane);
+  }
+  for (; base < p.rows; base += stride) {
     const int64_t row = base + group;
     const bool row_ok = row < p.rows;
     const int64_t offset = row * cols;
-    Pack<T, kVec> s[kVpt];
-    Pack<T, kVec> g[kVpt];
-#pragma unroll
-    for (int c = 0; c < kVpt; ++c) {
-      const int col = S::column(c, tpr, lane);
-      const bool ok = row_ok && col < cols;
-      s[c] = ok ? load_pack<T, kVec>(x + offset + col) : zero_pack<T, kVec>();
-      if (kGated) g[c] = ok ? load_pack<T, kVec>(gate + offset + col) : zero_pack<T, kVec>();
+    const int64_t next = row + stride;
+    if (kPrefetch) {
+      load_slice<T, kVec, kEpt>(s_next, x, next, next < p.rows, cols, tpr, lane);
+      if (kGated) load_slice<T, kVec, kEpt>(g_next, gate, next, next < p.rows, cols, tpr, lane);
+    } else {
+      load_slice<T, kVec, kEpt>(s, x, row, row_ok, cols, tpr, lane);
+      if (kGated) load_slice<T, kVec, kEpt>(g, gate, row, row_ok, cols, tpr, lane);
     }
     if (residual != nullptr) {
 #pragma unroll
@@ -347,6 +375,13 @@ __device__ __forceinline__ void forward(const ForwardParams& p) {
           packed.set(out);
           store_pack<T, kVec>(y + offset + col, packed);
         }
+      }
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int c = 0; c < kVpt; ++c) {
+        s[c] = s_next[c];
+        if (kGated) g[c] = g_next[c];
       }
     }
   }
@@ -401,18 +436,29 @@ __device__ __forceinline__ void backward(const BackwardParams& p) {
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
   int parity = 0;
+  // The narrow vector instances load the next row of the band while they work on the current one.
+  constexpr bool kPrefetch = prefetches<T, kVec, kEpt, kGated>();
+  Pack<T, kVec> s[kVpt], dy[kVpt], g[kVpt];
+  Pack<T, kVec> s_next[kVpt], dy_next[kVpt], g_next[kVpt];
+  if (kPrefetch) {
+    const int64_t first = begin + group;
+    load_slice<T, kVec, kEpt>(s, s_in, first, first < end, cols, tpr, lane);
+    load_slice<T, kVec, kEpt>(dy, dy_in, first, first < end, cols, tpr, lane);
+    if (kGated) load_slice<T, kVec, kEpt>(g, gate, first, first < end, cols, tpr, lane);
+  }
   for (int64_t base = begin; base < end; base += groups) {
     const int64_t row = base + group;
     const bool row_ok = row < end;
     const int64_t offset = row * cols;
-    Pack<T, kVec> s[kVpt], dy[kVpt], g[kVpt];
-#pragma unroll
-    for (int c = 0; c < kVpt; ++c) {
-      const int col = S::column(c, tpr, lane);
-      const bool ok = row_ok && col < cols;
-      s[c] = ok ? load_pack<T, kVec>(s_in + offset + col) : zero_pack<T, kVec>();
-      dy[c] = ok ? load_pack<T, kVec>(dy_in + offset + col) : zero_pack<T, kVec>();
-      if (kGated) g[c] = ok ? load_pack<T, kVec>(gate + offset + col) : zero_pack<T, kVec>();
+    const int64_t next = row + groups;
+    if (kPrefetch) {
+      load_slice<T, kVec, kEpt>(s_next, s_in, next, next < end, cols, tpr, lane);
+      load_slice<T, kVec, kEpt>(dy_next, dy_in, next, next < end, cols, tpr, lane);
+      if (kGated) load_slice<T, kVec, kEpt>(g_next, gate, next, next < end, cols, tpr, lane);
+    } else {
+      load_slice<T, kVec, kEpt>(s, s_in, row, row_ok, cols, tpr, lane);
+      load_slice<T, kVec, kEpt>(dy, dy_in, row, row_ok, cols, tpr, lane);
+      if (kGated) load_slice<T, kVec, kEpt>(g, gate, row, row_ok, cols, tpr, lane);
     }
     const float rstd = row_ok ? __ldg(p.rstd + row) : 0.0f;
     float dot = 0.0f;
@@ -471,6 +517,14 @@ __device__ __forceinline__ void backward(const BackwardParams& p) {
             store_pack<T, kVec>(dg_out + offset + col, packed);
           }
         }
+      }
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int c = 0; c < kVpt; ++c) {
+        s[c] = s_next[c];
+        dy[c] = dy_next[c];
+        if (kGated) g[c] = g_next[c];
       }
     }
   }
@@ -595,10 +649,11 @@ inline int64_t workspace_bytes(int64_t ctas, int cols) {
 
 // --------------------------------------------------------------------------- launchers
 
-// Dynamic shared memory beyond the default 48 KiB needs the kernel's opt-in (no stream work).
+// Shared memory beyond the default 48 KiB (dynamic plus the kernels' static 256 bytes) needs
+// the kernel's opt-in (a host call; no stream work).
 template <typename Kernel>
 cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+  if (bytes + 1024 <= 48 * 1024) return cudaSuccess;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 

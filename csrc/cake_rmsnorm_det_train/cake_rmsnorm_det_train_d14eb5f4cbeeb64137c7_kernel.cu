@@ -12,7 +12,7 @@
 // cake:params
 #define CAKE_DTYPE 0
 #define CAKE_VECTOR 0
-#define CAKE_GATED 1
+#define CAKE_GATED 0
 // cake:end-params
 
 namespace {
@@ -34,36 +34,36 @@ constexpr bool kGated = CAKE_GATED != 0;
 
 template <int kEpt>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads)
-kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
   cake::rmsnorm::forward<Elem, kVec, kEpt, kGated>(p);
 }
 
 template <int kEpt>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads)
-kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
   cake::rmsnorm::backward<Elem, kVec, kEpt, kGated>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+cudaError_t cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   using cake::rmsnorm::kNarrowEpt;
   using cake::rmsnorm::kWideEpt;
-  return cake::rmsnorm::launch_forward(kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_forward<kNarrowEpt>,
-                                       kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_forward<kWideEpt>, p, stream);
+  return cake::rmsnorm::launch_forward(kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_forward<kNarrowEpt>,
+                                       kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_forward<kWideEpt>, p, stream);
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   using cake::rmsnorm::kNarrowEpt;
   using cake::rmsnorm::kWideEpt;
-  return cake::rmsnorm::launch_backward(kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_backward<kNarrowEpt>,
-                                        kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_backward<kWideEpt>, p, ctas, stream);
+  return cake::rmsnorm::launch_backward(kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_backward<kNarrowEpt>,
+                                        kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_backward<kWideEpt>, p, ctas, stream);
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_gated_rmsnorm_det_train_feeafabf82ec11c64f6c_dweight, p, stream);
+cudaError_t cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_d14eb5f4cbeeb64137c7_dweight, p, stream);
 }
