@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the RMSNorm families: JIT all programs, GPU tests, compute-sanitizer,
 # benchmark. On the GPU machine, from the repository root (fla-core and liger-kernel wheels in .whl/):
-#   bash tests/rmsnorm/h200_run.sh [tests|quick|sanitize|bench|small ...]   (default: tests sanitize bench)
+#   bash tests/rmsnorm/h200_run.sh [tests|quick|sanitize|host|bench|small ...]   (default: tests sanitize bench)
 # quick: the tests without the two slow ones (processes, torch.compile). Step time limits come
 # from TESTS_TIMEOUT, SANITIZE_TIMEOUT, BENCH_TIMEOUT; BENCH_ITERS sets the samples per figure.
 set -o pipefail
@@ -28,6 +28,7 @@ for step in $steps; do
       done ;;
     bench) timeout ${BENCH_TIMEOUT:-240} python3 tools/bench/rmsnorm.py --iters ${BENCH_ITERS:-20} --json "$OUT/bench.json" \
              2>&1 | tee "$OUT/bench.log" | tail -50 ;;
+    host) timeout 60 python3 tools/bench/rmsnorm.py --host 2>&1 | tee "$OUT/host.log" | tail -12 ;;
     small) timeout ${BENCH_TIMEOUT:-100} python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
              2>&1 | tee "$OUT/bench_small.log" | tail -30 ;;
   esac

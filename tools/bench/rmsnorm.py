@@ -223,15 +223,61 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
     return rows
 
 
+def host_overhead(calls: int = 300) -> list:
+    """Wall microseconds per call on a tiny problem (T = 8, D = 1024), the GPU idle: the host
+    cost of a call (Python, checks, launch), which the event timings include when it exceeds the
+    GPU work queued ahead of the call."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from cake.cake_gated_rmsnorm_det_train import cake_gated_rmsnorm_det
+    from cake.cake_rmsnorm_det_train import cake_rmsnorm_det
+
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(x)
+    w = torch.ones(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    peers = _peers()
+    cases = {
+        "cake fwd": lambda: cake_rmsnorm_det(x, w),
+        "torch fwd": lambda: F.rms_norm(x, (1024,), w, EPS),
+        "cake fwd+bwd": lambda: torch.autograd.backward(cake_rmsnorm_det(x, w), dy),
+        "torch fwd+bwd": lambda: torch.autograd.backward(F.rms_norm(x, (1024,), w, EPS), dy),
+        "cake gated fwd+bwd": lambda: torch.autograd.backward(cake_gated_rmsnorm_det(x, g, w), dy),
+    }
+    if not isinstance(peers["fla"], str):
+        layernorm, _ = peers["fla"]
+        cases["fla fwd"] = lambda: layernorm.rms_norm(x, w, None, eps=EPS)
+        cases["fla fwd+bwd"] = lambda: torch.autograd.backward(
+            layernorm.rms_norm(x, w, None, eps=EPS), dy)
+    rows = []
+    for name, fn in cases.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        rows.append({"call": name, "us per call": (time.perf_counter() - start) / calls * 1e6})
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", type=Path, help="write all numbers here")
     parser.add_argument("--precompile", action="store_true", help="JIT all programs and exit")
     parser.add_argument("--shapes", default="all", help="'all', 'small' or T:D,T:D,...")
+    parser.add_argument("--host", action="store_true", help="host cost per call, then exit")
     args = parser.parse_args(argv)
     if args.precompile:
         precompile()
+        return 0
+    if args.host:
+        print(harness.format_table(host_overhead()))
         return 0
     shapes = {"all": SHAPES, "small": SMALL}.get(args.shapes) or [
         tuple(int(v) for v in item.split(":")) for item in args.shapes.split(",")]
