@@ -53,7 +53,7 @@ def validate_inputs(x, weight, bias, cu_seqlens, activation) -> Problem:
         raise ValueError(f"x: expected at least one channel, got {host.describe(x)}")
     if bias is not None:
         host.check_tensor("bias", bias, dtypes=(weight.dtype,), ndims=(1,),
-                          shape_hint=f"[C] in weight's dtype")
+                          shape_hint="[C] in weight's dtype")
         host.check_same_device("x", x, {"bias": bias})
         if bias.shape[0] != channels:
             raise ValueError(f"bias: expected [C] with C = {channels}, got {host.describe(bias)}")

@@ -233,8 +233,6 @@ def run_tune(*, iters: int, bench: harness.Bench, bandwidth: float):
                                                                   bandwidth),
                          "y,dx vs first": same,
                          "dw maxdiff": float((outputs[2] - reference[2]).abs().max())})
-            del ws
-        del x, w, dy, cu, y, dx
         torch.cuda.empty_cache()
         print(harness.format_table(rows[-len(libraries):]), flush=True)
     return rows

@@ -102,7 +102,6 @@ class Bench:
         src = torch.empty(nbytes // 2, dtype=torch.int16, device=self.device).random_()
         dst = torch.empty_like(src)
         timing = self.time(lambda: dst.copy_(src), warmup=3, iters=iters)
-        del src, dst
         return 2 * nbytes / (timing.median * 1e-3)
 
 
