@@ -2,7 +2,7 @@
 
 Eager calls go through :class:`CakeCausalConv1dDetFunction` (a plain ``autograd.Function``:
 the least host work per call). Under ``torch.compile`` the functional uses the custom ops
-``cake::causal_conv1d_det_forward`` / ``cake::causal_conv1d_det_backward`` instead, which the
+``<package>::forward`` / ``<package>::backward`` (see ``host.op_name``) instead, which the
 compiler treats as opaque (fake implementations give the output shapes). Both launch through
 :func:`_forward_into` and :func:`_backward_into`.
 
@@ -220,7 +220,7 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------- torch.compile
 
 
-@torch.library.custom_op("cake::causal_conv1d_det_forward", mutates_args=())
+@torch.library.custom_op(host.op_name(__package__, "forward"), mutates_args=())
 def _forward_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 cu_seqlens: Optional[torch.Tensor], activation: str) -> torch.Tensor:
     return cake_causal_conv1d_det_train_forward(
@@ -232,7 +232,7 @@ def _(x, weight, bias, cu_seqlens, activation):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("cake::causal_conv1d_det_backward", mutates_args=())
+@torch.library.custom_op(host.op_name(__package__, "backward"), mutates_args=())
 def _backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                  bias: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                  activation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -161,8 +161,16 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
 # --------------------------------------------------------------------------- launching
 
 
+# torch's raw-stream accessor (what Triton launches with) skips building a Stream object,
+# a few microseconds per call; torch.cuda.current_stream is the public equivalent.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_handle(device: torch.device) -> int:
     """The raw ``cudaStream_t`` of the current stream on ``device``."""
+    if _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None
+                           else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -231,6 +239,17 @@ def select_program(manifest: mf.Manifest, *, variant: Mapping[str, object], arch
 
 
 # --------------------------------------------------------------------------- autograd
+
+
+def op_name(package: str, name: str) -> str:
+    """``torch.library`` name of a family op, unique per copy of the family.
+
+    The namespace comes from the owning package (``cake.cake_x`` -> ``cake_cake_x``), so an
+    installed cake-train and a vendored copy in one process register distinct ops: a second
+    ``custom_op`` of the same name would silently replace the first for both.
+    """
+    return f"{package.replace('.', '_')}::{name}"
+
 
 
 def backward_result(arity: int, grads: Mapping[int, torch.Tensor | None]) -> tuple:

@@ -116,8 +116,24 @@ def device(index: int) -> Device:
 # --------------------------------------------------------------------------- libraries
 
 
+_int64_arrays: dict[int, type] = {}
+_thread_state = threading.local()
+
+
+def _error_buffer():
+    """A per-thread message buffer for the entries (filled by a program only on failure)."""
+    buffer = getattr(_thread_state, "error", None)
+    if buffer is None:
+        buffer = _thread_state.error = ctypes.create_string_buffer(_ERROR_BYTES)
+    return buffer
+
+
 class Entry:
-    """One C entry of a loaded program: ``entry(args, stream)`` launches or raises."""
+    """One C entry of a loaded program: ``entry(args, stream)`` launches or raises.
+
+    This is the hot path of every call: the argument array type and the error buffer are
+    made once (per argument count, per thread), so a call is one array fill and one ctypes call.
+    """
 
     __slots__ = ("_function", "_name")
 
@@ -129,9 +145,12 @@ class Entry:
         self._name = name
 
     def __call__(self, args: Sequence[int], stream: int) -> None:
-        values = (ctypes.c_int64 * len(args))(*args)
-        error = ctypes.create_string_buffer(_ERROR_BYTES)
-        status = self._function(values, len(args), stream, error, _ERROR_BYTES)
+        count = len(args)
+        array_type = _int64_arrays.get(count)
+        if array_type is None:
+            array_type = _int64_arrays.setdefault(count, ctypes.c_int64 * count)
+        error = _error_buffer()
+        status = self._function(array_type(*args), count, stream, error, _ERROR_BYTES)
         if status != 0:
             message = error.value.decode("utf-8", "replace") or f"status {status}"
             raise RuntimeError(f"{self._name}: {message}")
