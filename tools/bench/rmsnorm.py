@@ -167,6 +167,8 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
     import torch.nn.functional as F
 
     # The compiled peers' backward runs several times on one graph (retain_graph=True).
+    import torch._functorch.config
+
     torch._functorch.config.donated_buffer = False
     peers = _peers()
     for name, value in peers.items():
