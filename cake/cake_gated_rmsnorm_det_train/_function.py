@@ -2,8 +2,8 @@
 (``y = rmsnorm(x) * silu(g)``: normalise, then gate; the GDN/Mamba2 output norm).
 
 Eager calls go through :class:`CakeGatedRMSNormDetFunction`; under ``torch.compile`` the
-functional uses the custom ops ``cake::gated_rmsnorm_det_forward`` /
-``cake::gated_rmsnorm_det_backward``. Both launch through ``core.rmsnorm.Programs``.
+functional uses the custom ops ``<package>::forward`` /
+``<package>::backward`` (see ``host.op_name``). Both launch through ``core.rmsnorm.Programs``.
 
 CUDA graphs: the entries never synchronize and, with every output (and ``workspace``) given,
 never allocate.
@@ -166,7 +166,7 @@ def _backward(s, g, weight, rstd, dy, dsum, weight_offset, has_residual):
 # --------------------------------------------------------------------------- torch.compile
 
 
-@torch.library.custom_op("cake::gated_rmsnorm_det_forward", mutates_args=())
+@torch.library.custom_op(host.op_name(__package__, "forward"), mutates_args=())
 def _forward_op(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor,
                 residual: Optional[torch.Tensor], eps: float,
                 weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -181,7 +181,7 @@ def _(x, g, weight, residual, eps, weight_offset):
             x.new_empty(x.shape[:-1], dtype=torch.float32))
 
 
-@torch.library.custom_op("cake::gated_rmsnorm_det_backward", mutates_args=())
+@torch.library.custom_op(host.op_name(__package__, "backward"), mutates_args=())
 def _backward_op(dy: torch.Tensor, dsum: Optional[torch.Tensor], s: torch.Tensor, g: torch.Tensor,
                  weight: torch.Tensor, rstd: torch.Tensor, weight_offset: float,
                  has_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

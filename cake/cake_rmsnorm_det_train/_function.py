@@ -2,8 +2,8 @@
 
 Eager calls go through :class:`CakeRMSNormDetFunction` (a plain ``autograd.Function``: the
 least host work per call). Under ``torch.compile`` the functional uses the custom ops
-``cake::rmsnorm_det_forward`` / ``cake::rmsnorm_det_backward`` instead, which the compiler
-treats as opaque (fake implementations give the output shapes). Both launch through
+``<package>::forward`` / ``<package>::backward`` (see ``host.op_name``) instead, which the
+compiler treats as opaque (fake implementations give the output shapes). Both launch through
 ``core.rmsnorm.Programs``.
 
 CUDA graphs: the entries never synchronize and, with every output (and ``workspace``) given,
@@ -170,7 +170,7 @@ def _backward(s, weight, rstd, dy, dsum, weight_offset, has_residual):
 # --------------------------------------------------------------------------- torch.compile
 
 
-@torch.library.custom_op("cake::rmsnorm_det_forward", mutates_args=())
+@torch.library.custom_op(host.op_name(__package__, "forward"), mutates_args=())
 def _forward_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
                 eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     y, s, rstd = cake_rmsnorm_det_train_forward(x, weight, residual, eps=eps,
@@ -184,7 +184,7 @@ def _(x, weight, residual, eps, weight_offset):
             x.new_empty(x.shape[:-1], dtype=torch.float32))
 
 
-@torch.library.custom_op("cake::rmsnorm_det_backward", mutates_args=())
+@torch.library.custom_op(host.op_name(__package__, "backward"), mutates_args=())
 def _backward_op(dy: torch.Tensor, dsum: Optional[torch.Tensor], s: torch.Tensor,
                  weight: torch.Tensor, rstd: torch.Tensor, weight_offset: float,
                  has_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
