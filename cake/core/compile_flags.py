@@ -1,25 +1,24 @@
 """The nvcc flags every program library is built with: one list for CMake and the JIT alike.
 
-The JIT (``loader``) runs one command per library::
+A library is one nvcc command (:func:`nvcc_command`)::
 
-    nvcc <base_nvcc_flags(arch)> -I<include dir> <digest_define(digest)> <program flags>
-         <kernel.cu> <binding.cu> -o <library>_<arch>.so
+    nvcc <base_nvcc_flags(arch)> -I<include dir> -DCAKE_PROGRAM_DIGEST="<digest>"
+         <program flags> <kernel.cu> <binding.cu> -o <library>_<arch>.so
 
-The ahead-of-time build (``CMakeLists.txt``) gets the same flags through ``tools/build_plan.py``:
-:func:`compile_only_flags` on each compile (CMake links the shared library itself, with the
-static CUDA runtime, as ``nvcc -shared`` does). Standard library only; no ``cake`` imports, as
-vendoring copies this folder verbatim.
+The JIT (``jit.py``) runs it at run time; the ahead-of-time build (``CMakeLists.txt``) gets the
+very same argv from ``tools/build_plan.py``, so a prebuilt library and a JIT-compiled one are
+built identically. Standard library only; no ``cake`` imports, as vendoring copies this folder
+verbatim.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from typing import Sequence
 
-# The arches the ahead-of-time build considers by default (SPEC section 4), newest last.
+# The arches the ahead-of-time build considers by default (SPEC section 4).
 DEFAULT_BUILD_ARCHES = ("sm_90a", "sm_100a", "sm_103a")
-# Only in a link: nvcc links the host objects (and the static CUDA runtime) into one library.
-LINK_FLAG = "-shared"
 
 _ARCH_RE = re.compile(r"sm_(\d+)a")
 
@@ -36,18 +35,16 @@ def base_nvcc_flags(arch: str) -> list[str]:
     return [
         "-O3",
         "-std=c++17",
-        LINK_FLAG,
+        "-shared",
         "-Xcompiler", "-fPIC",
         # Only the C entry points marked CAKE_EXPORT are visible.
         "-Xcompiler", "-fvisibility=hidden",
         gencode(arch),
         "-Xfatbin=-compress-all",
+        # The static CUDA runtime makes each library ~1 MB; its symbol table is a third of
+        # that and nothing needs it (exports live in the dynamic table).
+        "-Xlinker", "--strip-all",
     ]
-
-
-def compile_only_flags(arch: str) -> list[str]:
-    """:func:`base_nvcc_flags` without the link flag: what CMake passes to each ``nvcc -c``."""
-    return [flag for flag in base_nvcc_flags(arch) if flag != LINK_FLAG]
 
 
 def digest_define(digest: str) -> str:
@@ -57,12 +54,19 @@ def digest_define(digest: str) -> str:
     return f'-DCAKE_PROGRAM_DIGEST="{digest}"'
 
 
-def nvcc_supported_arches(nvcc: str) -> list[str]:
-    """Which of :data:`DEFAULT_BUILD_ARCHES` ``nvcc`` can compile (``nvcc --list-gpu-code``).
+def nvcc_command(nvcc: str, arch: str, digest: str, include_dir: str,
+                 flags: Sequence[str], sources: Sequence[str], output: str) -> list[str]:
+    """The argv that builds ``output`` (``<library>_<arch>.so``) from a program's sources."""
+    return [nvcc, *base_nvcc_flags(arch), f"-I{include_dir}", digest_define(digest),
+            *flags, *sources, "-o", output]
+
+
+def nvcc_supported_arches(nvcc: str, candidates: Sequence[str] = DEFAULT_BUILD_ARCHES) -> list[str]:
+    """Which of ``candidates`` ``nvcc`` can compile (``nvcc --list-gpu-code``).
 
     nvcc lists ``sm_90``, ``sm_100``, ...; an ``sm_<NN>a`` arch is supported when ``sm_<NN>``
     is listed. Raises OSError or subprocess.CalledProcessError when nvcc cannot be run.
     """
     listed = subprocess.run([nvcc, "--list-gpu-code"], check=True, capture_output=True,
                             text=True).stdout.split()
-    return [arch for arch in DEFAULT_BUILD_ARCHES if arch[:-1] in listed or arch in listed]
+    return [arch for arch in candidates if arch in listed or arch[:-1] in listed]

@@ -114,10 +114,7 @@ def test_touching_one_program_rebuilds_only_its_library(built):
     future = time.time() + 5
     os.utime(source, (future, future))
     output = build(build_dir).stdout
-    linked = re.findall(r"Linking CUDA shared library (\S+)", output)
-    compiled = re.findall(r"Building CUDA object (\S+)", output)
-    assert [Path(p).name for p in linked] == [touched]
-    assert len(compiled) == 1 and program.library in compiled[0]
+    assert re.findall(r"Building (\S+\.so)", output) == [touched]
     assert (library_dir(build_dir) / other).stat().st_mtime_ns == before[other]
     assert (library_dir(build_dir) / touched).stat().st_mtime_ns != before[touched]
     assert "no work to do" in build(build_dir).stdout
