@@ -30,6 +30,10 @@ say() { printf 'build_wheel: %s\n' "$*"; }
 
 # --------------------------------------------------------------------------- build
 say "building the wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
+# ninja's logs before the build, to report only the jobs this build ran.
+for log in "$repo"/build/*/.ninja_log; do
+  [ -f "$log" ] && printf '%s\t%s\n' "$log" "$(wc -l <"$log")"
+done >"$work/ninja_logs_before"
 start=$(date +%s.%N)
 if ! "$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v >"$work/build.log" 2>&1
 then
@@ -90,9 +94,9 @@ fi
 (cd "$work" && venv/bin/python -m cake info) || say "python -m cake info failed (see above)"
 
 # --------------------------------------------------------------------------- report
-"$python" - "$package" "$repo/build/$tag" "$repo/build" <<'EOF'
+"$python" - "$package" "$repo" "$work" <<'EOF'
 import glob, os, sys
-package, build_dirs = sys.argv[1], sys.argv[2:]
+package, repo, work = sys.argv[1:]
 rows = []
 for lib in sorted(glob.glob(os.path.join(package, "*", "lib", "*.so"))):
     name = os.path.basename(lib)[: -len(".so")]
@@ -108,29 +112,25 @@ if rows:
     print(f"{len(rows)} libraries, {total / 1e6:.1f} MB uncompressed")
 else:
     print("no prebuilt library in the installed package")
-# Parallel efficiency of the last full build from ninja's log (per-job start/end in ms).
-log = next((os.path.join(d, ".ninja_log") for d in build_dirs
-            if os.path.isfile(os.path.join(d, ".ninja_log"))), None)
-if log:
-    jobs = []
-    for line in open(log):
+# Parallel efficiency of this build, from the lines ninja appended to its log (per job: start
+# and end in ms since the build started, output): job time summed / (wall time x cores).
+before = dict(line.rstrip("\n").split("\t") for line in open(os.path.join(work, "ninja_logs_before")))
+jobs = []
+for log in glob.glob(os.path.join(repo, "build", "*", ".ninja_log")):
+    lines = open(log).read().splitlines()[int(before.get(log, 0)):]
+    for line in lines:
         parts = line.split("\t")
-        if len(parts) == 5 and not line.startswith("#"):
-            jobs.append((int(parts[0]), int(parts[1]), parts[3]))
-    # Jobs are logged as they finish, on a clock that restarts with every ninja run: an end
-    # time smaller than the previous one starts a new run. Keep the last run.
-    last = []
-    for job in jobs:
-        if last and job[1] < last[-1][1]:
-            last = []
-        last.append(job)
-    compiles = [j for j in last if j[2].endswith(".o")]
-    if compiles:
-        wall = max(j[1] for j in last) - min(j[0] for j in last)
-        busy = sum(j[1] - j[0] for j in last)
-        cores = os.cpu_count() or 1
-        print(f"last ninja run: {len(compiles)} compiles, {len(last)} steps, wall {wall / 1000:.1f} s, "
-              f"job time {busy / 1000:.1f} s, parallel efficiency {busy / max(wall, 1) / cores:.0%}"
-              f" of {cores} cores")
+        if len(parts) == 5 and not line.startswith("#") and parts[3].endswith(".so"):
+            jobs.append((int(parts[0]), int(parts[1])))
+if jobs:
+    wall = max(end for _, end in jobs) - min(start for start, _ in jobs)
+    busy = sum(end - start for start, end in jobs)
+    cores = os.cpu_count() or 1
+    print(f"this build compiled {len(jobs)} libraries: wall {wall / 1000:.1f} s, summed job time "
+          f"{busy / 1000:.1f} s, {busy / max(wall, 1):.2f} jobs running on average "
+          f"({busy / max(wall, 1) / cores:.0%} of {cores} cores; ninja runs cores + 2 jobs, so "
+          "over 100% means jobs waited for a core)")
+else:
+    print("this build compiled no library (all up to date)")
 EOF
 say "ok: $wheel"
