@@ -15,7 +15,8 @@ Measures, each as the median over many back-to-back calls timed with ``perf_coun
   ``torch.empty(0, device="cuda")``;
 * the pieces of an eager causal-conv1d call at a small shape: validation, routing and library
   lookup, the stream handle, the forward entry, the whole forward, and the whole eager
-  forward+backward step.
+  forward+backward step, next to PyTorch's own eager depthwise ``F.conv1d`` forward+backward
+  at the same shape (what the autograd engine alone costs on this machine).
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ def main(argv=None) -> int:
                  3, 0, 0]
     xg = x.detach().requires_grad_()
     wg = w.detach().requires_grad_()
+    x_torch = x.t().unsqueeze(0).contiguous().requires_grad_()  # [1, C, S]
+    w_torch = w.unsqueeze(1).contiguous().requires_grad_()  # [C, 1, 4]
+    dy_torch = dy.t().unsqueeze(0).contiguous()
+
+    def torch_step():
+        z = torch.nn.functional.conv1d(x_torch, w_torch, padding=3, groups=channels)
+        torch.nn.functional.silu(z[..., :tokens]).backward(dy_torch)
+
     pieces = {
         "torch.empty(0, device='cuda') us": lambda: torch.empty(0, device=device),
         "C entry call (ctypes -> launch) us": lambda: entry(args_list, stream),
@@ -103,6 +112,7 @@ def main(argv=None) -> int:
             lambda: conv.cake_causal_conv1d_det_train_forward(x, w, None, cu, out=y),
         "eager fwd+bwd step us":
             lambda: conv.cake_causal_conv1d_det(xg, wg, None, cu).backward(dy),
+        "torch F.conv1d depthwise eager fwd+bwd step us": torch_step,
     }
     for name, function in pieces.items():
         results[name] = per_call_us(function, calls=200 if "fwd+bwd" in name else 2000)
