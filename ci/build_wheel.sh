@@ -30,10 +30,6 @@ say() { printf 'build_wheel: %s\n' "$*"; }
 
 # --------------------------------------------------------------------------- build
 say "building the wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
-# ninja's logs before the build, to report only the jobs this build ran.
-for log in "$repo"/build/*/.ninja_log; do
-  [ -f "$log" ] && printf '%s\t%s\n' "$log" "$(wc -l <"$log")"
-done >"$work/ninja_logs_before"
 start=$(date +%s.%N)
 if ! "$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v >"$work/build.log" 2>&1
 then
@@ -95,9 +91,9 @@ fi
 (cd "$work" && venv/bin/python -m cake info) || say "python -m cake info failed (see above)"
 
 # --------------------------------------------------------------------------- report
-"$python" - "$package" "$repo" "$work" <<'EOF'
+"$python" - "$package" "$repo" "$start" <<'EOF'
 import glob, os, sys
-package, repo, work = sys.argv[1:]
+package, repo, start_s = sys.argv[1:]
 rows = []
 for lib in sorted(glob.glob(os.path.join(package, "*", "lib", "*.so"))):
     name = os.path.basename(lib)[: -len(".so")]
@@ -113,19 +109,20 @@ if rows:
     print(f"{len(rows)} libraries, {total / 1e6:.1f} MB uncompressed")
 else:
     print("no prebuilt library in the installed package")
-# Parallel efficiency of this build, from the lines ninja appended to its log (per job: start
-# and end in ms since the build started, output): job time summed / (wall time x cores).
-before = dict(line.rstrip("\n").split("\t") for line in open(os.path.join(work, "ninja_logs_before")))
-jobs = []
+# Parallel efficiency of this build from ninja's log: each line is start ms, end ms (since
+# ninja started), output mtime (ns), output, hash. This build's jobs are the libraries written
+# after the script started; efficiency = job time summed / (wall time x cores).
+start_ns = int(float(start_s) * 1e9)
+jobs = set()  # CMake names each custom output twice (relative and absolute): one job
 for log in glob.glob(os.path.join(repo, "build", "*", ".ninja_log")):
-    lines = open(log).read().splitlines()[int(before.get(log, 0)):]
-    for line in lines:
+    for line in open(log).read().splitlines():
         parts = line.split("\t")
-        if len(parts) == 5 and not line.startswith("#") and parts[3].endswith(".so"):
-            jobs.append((int(parts[0]), int(parts[1])))
+        if (len(parts) == 5 and not line.startswith("#") and parts[3].endswith(".so")
+                and int(parts[2]) >= start_ns):
+            jobs.add((int(parts[0]), int(parts[1]), parts[4]))
 if jobs:
-    wall = max(end for _, end in jobs) - min(start for start, _ in jobs)
-    busy = sum(end - start for start, end in jobs)
+    wall = max(end for _, end, _ in jobs) - min(start for start, _, _ in jobs)
+    busy = sum(end - start for start, end, _ in jobs)
     cores = os.cpu_count() or 1
     print(f"this build compiled {len(jobs)} libraries: wall {wall / 1000:.1f} s, summed job time "
           f"{busy / 1000:.1f} s, {busy / max(wall, 1):.2f} jobs running on average "
