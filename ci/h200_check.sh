@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One call on the GPU machine that checks what only a GPU can (issues 3-6), from the repo root:
+#   bash ci/h200_check.sh WHEEL          (OUT: where logs go; .whl/ wheels of peers optional)
+# 1. the wheel built on the development machine installs here (no deps, no build), and
+#    `python -m cake selftest` of the installed package passes with CAKE_JIT=0 (prebuilt only);
+# 2. in parallel: the vendored build/bitwise check (ci/gpu_vendored_check.py) and the GPU
+#    tests of every family from this checkout (JIT path, fresh cache);
+# 3. alone at the end: the host-overhead benchmark (tools/bench/host_overhead.py).
+set -uo pipefail
+wheel=$1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-jit
+stamp() { echo "[$(date -u +%T)] $*"; }
+status=0
+
+stamp "install $(basename "$wheel")"
+python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/wheel-site "$wheel" || exit 1
+(cd /tmp && CAKE_JIT=0 PYTHONPATH=/tmp/wheel-site python3 -m cake info && \
+ CAKE_JIT=0 PYTHONPATH=/tmp/wheel-site python3 -m cake selftest) 2>&1 | tee "$OUT/wheel_selftest.log" \
+  | grep -v "^  cake_" || status=1
+
+stamp "vendored check and family GPU tests (parallel)"
+timeout 240 python3 ci/gpu_vendored_check.py --out "$OUT" > "$OUT/vendored_check.log" 2>&1 &
+vendored=$!
+export PYTHONPATH=$PWD
+python3 tools/bench/causal_conv1d.py --precompile > "$OUT/precompile.log" 2>&1
+python3 tools/bench/rmsnorm.py --precompile >> "$OUT/precompile.log" 2>&1
+timeout 190 python3 -m pytest -q -m "not nvcc" -p no:cacheprovider tests/causal_conv1d \
+  > "$OUT/pytest_conv1d.log" 2>&1 &
+conv=$!
+timeout 190 python3 -m pytest -q -m "not nvcc" -p no:cacheprovider tests/rmsnorm \
+  > "$OUT/pytest_rmsnorm.log" 2>&1 &
+norm=$!
+for job in $vendored $conv $norm; do wait $job || status=1; done
+tail -3 "$OUT/vendored_check.log" "$OUT/pytest_conv1d.log" "$OUT/pytest_rmsnorm.log"
+
+stamp "host overhead (alone)"
+timeout 90 python3 tools/bench/host_overhead.py --json "$OUT/host_overhead.json" 2>&1 | tail -12
+stamp "done, status $status"
+exit $status
