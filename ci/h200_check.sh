@@ -32,7 +32,7 @@ timeout 190 python3 -m pytest -q -m "not nvcc" -p no:cacheprovider tests/rmsnorm
   > "$OUT/pytest_rmsnorm.log" 2>&1 &
 norm=$!
 for job in $vendored $conv $norm; do wait $job || status=1; done
-tail -3 "$OUT/vendored_check.log" "$OUT/pytest_conv1d.log" "$OUT/pytest_rmsnorm.log"
+tail -n 3 "$OUT/vendored_check.log" "$OUT/pytest_conv1d.log" "$OUT/pytest_rmsnorm.log"
 
 stamp "host overhead (alone)"
 timeout 90 python3 tools/bench/host_overhead.py --json "$OUT/host_overhead.json" 2>&1 | tail -12

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from . import manifest as mf
-from .compile_flags import base_nvcc_flags
+from .compile_flags import nvcc_command
 
 LOCK_TIMEOUT_S = float(os.environ.get("CAKE_JIT_LOCK_TIMEOUT", "900"))
 
@@ -110,9 +110,8 @@ def compile_program(tree: mf.PackageTree, manifest: mf.Manifest, program: mf.Pro
 
 def compile_command(nvcc: str, tree: mf.PackageTree, program: mf.Program, arch: str,
                     output: Path) -> list[str]:
-    return [nvcc, *base_nvcc_flags(arch), f"-I{tree.include_dir}",
-            f'-DCAKE_PROGRAM_DIGEST="{program.digest}"', *program.flags,
-            *(str(tree.source_path(s)) for s in program.sources), "-o", str(output)]
+    return nvcc_command(nvcc, arch, program.digest, str(tree.include_dir), program.flags,
+                        [str(tree.source_path(s)) for s in program.sources], str(output))
 
 
 def _verify_sources(tree: mf.PackageTree, manifest: mf.Manifest, program: mf.Program) -> None:

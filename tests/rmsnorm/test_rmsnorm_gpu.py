@@ -335,7 +335,7 @@ def test_bitwise_identical_across_processes():
         sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'tests' / 'rmsnorm')!r}]
         import torch
         from rmsnorm_families import FAMILIES
-        from test_gpu import make_case, _digest
+        from test_rmsnorm_gpu import make_case, _digest
         out = []
         for family in FAMILIES:
             x, g, w, r, dy = make_case((30000, 2048), weight_fp32=True, residual=True, seed=21)

@@ -257,7 +257,7 @@ def test_bitwise_identical_across_processes():
         import sys
         sys.path.insert(0, {str(REPO)!r})
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import test_gpu as t
+        import test_causal_conv1d_gpu as t
         x, w, b, dy, cu = t.make_case(100003, 1024, "random", seed=5)
         print(t._digest(t._outputs(x, w, b, dy, cu)))
     """)
