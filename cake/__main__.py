@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -12,7 +13,6 @@ from typing import Sequence
 from . import __version__
 from .checker import UsageError, check_tree
 from .core import jit, loader
-from .core import manifest as mf
 
 
 def family_dirs() -> list[Path]:
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return info() if args.command == "info" else selftest()
-    except (UsageError, RuntimeError, OSError) as exc:
+    except (UsageError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(f"cake {args.command}: error: {exc}", file=sys.stderr)
         return 1
 

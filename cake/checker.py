@@ -185,22 +185,28 @@ def _symbol_problems(path: str, field: str, program: Program,
     library = program.library
     binding = texts.get("binding", b"").decode("utf-8", "replace")
     kernel = texts.get("kernel", b"").decode("utf-8", "replace")
+    exported = mf.entry_symbols(binding)
     for j, entry in enumerate(program.entries):
         if not entry.startswith(library + "_"):
             yield Finding(path, f"{field}.entries[{j}]", "CM306",
                           f"entry {entry} does not start with {library}_")
-        elif not re.search(rf"\b{entry}\b", binding):
+        elif entry not in exported:
             yield Finding(path, f"{field}.entries[{j}]", "CM306",
-                          f"entry {entry} is not defined in the binding source")
+                          f"entry {entry} is not a CAKE_EXPORT function of the binding source")
+    for name in exported:
+        if name not in program.entries:
+            yield Finding(path, f"{field}.entries", "CM306",
+                          f"CAKE_EXPORT {name} in the binding source is not a listed entry")
     kernel_name = "kernel_" + library
+    defined = mf.kernel_symbols(kernel)
     for j, symbol in enumerate(program.kernels):
         if symbol != kernel_name and not symbol.startswith(kernel_name + "_"):
             yield Finding(path, f"{field}.kernels[{j}]", "CM306",
                           f"kernel {symbol} does not start with {kernel_name}")
-        elif not re.search(rf"\b{symbol}\b", kernel):
+        elif symbol not in defined:
             yield Finding(path, f"{field}.kernels[{j}]", "CM306",
-                          f"kernel {symbol} is not defined in the kernel source")
-    for name in mf.kernel_symbols(kernel):
+                          f"kernel {symbol} is not a __global__ of the kernel source")
+    for name in defined:
         if name not in program.kernels:
             yield Finding(path, f"{field}.kernels", "CM306",
                           f"__global__ {name} in the kernel source is not a listed kernel")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Renders digest-named programs and manifests from kernel templates and family tables.
 
-Usage: ``python tools/render.py [--check] [FAMILY ...]``
+Usage: ``python tools/render.py [--check]``
 
 Each family table (``tools/families/<package name>.py``) names its templates (one per source
 role, under ``csrc/templates/``) and lists its specializations. A template is plain CUDA that

@@ -175,11 +175,8 @@ def is_cake_causal_conv1d_det_train_supported(device: Optional[torch.device | in
                                               dtype: torch.dtype = torch.bfloat16) -> bool:
     """True when a CUDA device is present (``device``, default the current one), its arch is
     one the programs are built for, and ``dtype`` (x's) is bf16 or fp16. Compiles nothing."""
-    if dtype not in (torch.bfloat16, torch.float16) or not torch.cuda.is_available():
-        return False
-    device = torch.device("cuda", torch.cuda.current_device() if device is None else
-                          (device if isinstance(device, int) else device.index or 0))
-    if device.index >= torch.cuda.device_count():
+    device = host.supported_device(device)
+    if dtype not in (torch.bfloat16, torch.float16) or device is None:
         return False
     arch = host.device_arch(device)
     programs = host.program_set(__file__)

@@ -79,7 +79,8 @@ def validate_forward(x, weight, bias, cu_seqlens, activation, out) -> Problem:
     problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
     if out is not None:
         host.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
-        host.check_disjoint({"out": out}, {"x": x})
+        host.check_disjoint({"out": out}, {"x": x, "weight": weight, "bias": bias,
+                                           "cu_seqlens": cu_seqlens})
     return problem
 
 

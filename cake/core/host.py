@@ -195,6 +195,20 @@ def program_set(package_file: str) -> loader.ProgramSet:
     return found
 
 
+def supported_device(device: torch.device | int | None) -> torch.device | None:
+    """The CUDA device a support query is about (None: the current one), or None when it is
+    not a visible CUDA device (a CPU device, an index past the device count, no CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda":
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return torch.device("cuda", index) if 0 <= index < torch.cuda.device_count() else None
+
+
 def device_arch(device: torch.device) -> str | None:
     return loader.device(device.index if device.index is not None else
                          torch.cuda.current_device()).arch

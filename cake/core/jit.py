@@ -22,7 +22,15 @@ from pathlib import Path
 from . import manifest as mf
 from .compile_flags import nvcc_command
 
-LOCK_TIMEOUT_S = float(os.environ.get("CAKE_JIT_LOCK_TIMEOUT", "900"))
+
+
+def lock_timeout_s() -> float:
+    """Seconds to wait for another process's compile (``CAKE_JIT_LOCK_TIMEOUT``, default 900)."""
+    text = os.environ.get("CAKE_JIT_LOCK_TIMEOUT", "900")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"CAKE_JIT_LOCK_TIMEOUT: expected seconds, got {text!r}") from None
 
 
 def jit_allowed() -> bool:
@@ -35,8 +43,9 @@ def cache_root() -> Path:
 
 
 def find_nvcc() -> str | None:
-    """nvcc from ``$CUDA_HOME/bin`` (if set), else from PATH."""
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    """``$CUDA_HOME/bin/nvcc`` when ``CUDA_HOME`` is set (an explicit choice: no other nvcc is
+    tried), else nvcc from PATH. The CMake build searches the same way."""
+    cuda_home = os.environ.get("CUDA_HOME")
     if cuda_home:
         candidate = Path(cuda_home) / "bin" / "nvcc"
         return str(candidate) if os.access(candidate, os.X_OK) else None
@@ -132,7 +141,8 @@ class _exclusive:
 
     def __enter__(self):
         self.file = open(self.path, "a+")
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        timeout = lock_timeout_s()
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -140,7 +150,7 @@ class _exclusive:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     self.file.close()
-                    raise TimeoutError(f"waited {LOCK_TIMEOUT_S:.0f} s for the JIT lock "
+                    raise TimeoutError(f"waited {timeout:.0f} s for the JIT lock "
                                        f"{self.path} (another process is compiling; set "
                                        "CAKE_JIT_LOCK_TIMEOUT to wait longer)") from None
                 time.sleep(0.05)

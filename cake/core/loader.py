@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -269,8 +268,8 @@ class ProgramSet:
         return found
 
     def _load(self, program: mf.Program, target: Device) -> Library:
-        arch = target.arch
-        if arch is None or arch not in program.arches:
+        arch = select_arch(target.capability, program.arches)
+        if arch is None:
             raise ProgramUnavailable(unsupported_message(program, target))
         prebuilt = self.prebuilt_path(program, arch)
         if prebuilt.is_file():
@@ -281,8 +280,8 @@ class ProgramSet:
         reason = jit.unavailable_reason()
         if reason is not None:
             raise ProgramUnavailable(
-                f"{program.library}: no prebuilt library for {arch} on {target.describe()} "
-                f"and {reason}. Remedy: install a cake-train wheel built for {arch} "
+                f"{program.library} (built for {', '.join(program.arches)}): no prebuilt "
+                f"library for {arch} on {target.describe()} and {reason}. Remedy: install a cake-train wheel built for {arch} "
                 f"(CAKE_CUDA_ARCHS={arch} pip install ...), or allow the one-time compile "
                 "(unset CAKE_JIT, put nvcc on PATH or set CUDA_HOME)")
         path, compiled = jit.compile_program(self.tree, self.manifest, program, arch)

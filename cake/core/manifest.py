@@ -429,7 +429,8 @@ def program_digest(library: str, sources: list[tuple[str, bytes]],
 
 _KERNEL_RE = re.compile(
     r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s+)?(?:void\s+)?(\w+)\s*\(")
-_ENTRY_RE = re.compile(r"CAKE_EXPORT\b[^(;{]*?\b(\w+)\s*\(")
+# Not on preprocessor lines: a header may define CAKE_EXPORT itself.
+_ENTRY_RE = re.compile(r"^[^#\n]*?\bCAKE_EXPORT\b[^(;{]*?\b(\w+)\s*\(", re.MULTILINE)
 
 
 def kernel_symbols(text: str) -> list[str]:

@@ -118,6 +118,8 @@ def validate_inputs(*, x, gate, weight, residual, eps, weight_offset, gated: boo
 
 def validate_forward(*, x, gate, weight, residual, eps, weight_offset, gated: bool, out,
                      residual_out, rstd) -> Problem:
+    # x first: the output checks below compare against its shape and device.
+    host.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
     outputs = {}
     if out is not None:
         outputs["out"] = host.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
@@ -248,13 +250,10 @@ class Programs:
 
     def supported(self, device: Optional[torch.device | int], dtype: torch.dtype) -> bool:
         """A CUDA device is present and its arch is one the programs are built for."""
-        if dtype not in DTYPES or not torch.cuda.is_available():
+        device = host.supported_device(device)
+        if dtype not in DTYPES or device is None:
             return False
-        index = torch.cuda.current_device() if device is None else \
-            (device if isinstance(device, int) else (device.index or 0))
-        if index >= torch.cuda.device_count():
-            return False
-        arch = host.device_arch(torch.device("cuda", index))
+        arch = host.device_arch(device)
         return any(arch in p.arches for p in self._programs().manifest.programs)
 
     def workspace_bytes(self, problem: Problem) -> int:

@@ -225,6 +225,36 @@ def test_mutation_triggers_only_its_code(toy, tmp_path, layout_kind, code):
         f"no line starting with {wanted!r} in:\n{result.stdout}"
 
 
+def _drop_first_entry(layout):
+    document = layout.document()
+    dropped = document["programs"][0]["entries"].pop(0)
+    layout.save(document)
+    return dropped
+
+
+def _rename_listed_entry(layout):
+    document = layout.document()
+    entries = document["programs"][0]["entries"]
+    library = document["programs"][0]["library"]
+    entries[0] = f"{library}_never_defined"
+    layout.save(document)
+    return entries[0]
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (_drop_first_entry, "in the binding source is not a listed entry"),
+    (_rename_listed_entry, "is not a CAKE_EXPORT function of the binding source"),
+])
+def test_entries_must_match_the_bindings_exports(toy, tmp_path, mutate, message):
+    """CM306 also when the listed entries and the binding's CAKE_EXPORT functions differ."""
+    layout = _layout("repository", toy, tmp_path)
+    name = mutate(layout)
+    result = run_checker(layout.check_path)
+    assert result.returncode == 1 and _codes(result.stdout) == {"CM306"}, result.stdout
+    assert any(name in line and message in line for line in result.stdout.splitlines()), \
+        result.stdout
+
+
 def test_json_report(toy):
     layout = toy.tree(FAMILY_A)
     flip_source_byte(layout)

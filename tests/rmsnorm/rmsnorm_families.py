@@ -7,9 +7,6 @@ gated family; ``Family.reference`` gives the float64 forward and backward of the
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
-
-import torch
 
 import cake.cake_gated_rmsnorm_det_train as gated_pkg
 import cake.cake_rmsnorm_det_train as plain_pkg

@@ -140,6 +140,12 @@ def test_validation_rejects_cpu_tensors_first():
                                  eps=1e-6, weight_offset=0.0, gated=False, out=None,
                                  residual_out=None, rstd=None)
 
+    out = torch.empty(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="^x: expected a torch.Tensor"):  # before out is compared
+        rmsnorm.validate_forward(x=[[1.0] * 8] * 4, gate=None, weight=torch.ones(8),
+                                 residual=None, eps=1e-6, weight_offset=0.0, gated=False,
+                                 out=out, residual_out=None, rstd=None)
+
 
 # --------------------------------------------------------------------------- names
 

@@ -314,8 +314,7 @@ def test_vendored_toy_imports_without_cake_or_its_host(tmp_path, into, toy):
 @pytest.fixture(scope="module")
 def real_tree(tmp_path_factory) -> tuple[Path, Path]:
     """Every real family vendored into one host tree: (work folder, the cake/ folder)."""
-    if not real_families():
-        pytest.skip("no real family in this checkout yet")
+    assert real_families(), "no family in this checkout"
     work = tmp_path_factory.mktemp("real")
     into = host_tree(work / "host")
     result = vendor(work, into)

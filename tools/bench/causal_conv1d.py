@@ -165,12 +165,10 @@ def run_shapes(shapes, *, iters: int, peer: bool, bench: harness.Bench, bandwidt
 def tune_libraries(tiles: dict, *, dtype: str = "bfloat16"):
     """Renders one program per tile shape (bf16, no bias, SiLU) into a temporary tree and
     JIT-compiles them in parallel; name -> loaded library."""
-    import render
     from cake.core import jit, loader
     from cake.core import manifest as mf
-
-    sys.path.insert(0, str(REPO / "tools" / "families"))
-    import cake_causal_conv1d_det_train as table
+    from tools import render
+    from tools.families import cake_causal_conv1d_det_train as table
 
     base = {"CAKE_DTYPE_BF16": 1 if dtype == "bfloat16" else 0, "CAKE_HAS_BIAS": False,
             "CAKE_SILU": 1, "CAKE_BACKWARD_MIN_BLOCKS": 1, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}

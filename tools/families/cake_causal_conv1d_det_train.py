@@ -11,11 +11,8 @@ band holds C, the one with the highest floor not above S. Every arch gets the sa
 """
 
 import itertools
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from render import Family, Spec  # noqa: E402
+from tools.render import Family, Spec
 
 _CHANNELS_MAX = 1 << 31
 

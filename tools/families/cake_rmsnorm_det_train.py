@@ -11,11 +11,8 @@ are shared with ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 """
 
 import itertools
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from render import Family, Spec  # noqa: E402
+from tools.render import Family, Spec
 
 DTYPES = {"bfloat16": 0, "float16": 1, "float32": 2}
 LOADS = {"vector": 1, "scalar": 0}
