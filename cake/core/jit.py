@@ -43,12 +43,12 @@ def cache_root() -> Path:
 
 
 def find_nvcc() -> str | None:
-    """``$CUDA_HOME/bin/nvcc`` when ``CUDA_HOME`` is set (an explicit choice: no other nvcc is
-    tried), else nvcc from PATH. The CMake build searches the same way."""
+    """nvcc from ``$CUDA_HOME/bin`` first, then from PATH (the CMake build searches the same)."""
     cuda_home = os.environ.get("CUDA_HOME")
     if cuda_home:
         candidate = Path(cuda_home) / "bin" / "nvcc"
-        return str(candidate) if os.access(candidate, os.X_OK) else None
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
     return shutil.which("nvcc")
 
 
@@ -68,8 +68,7 @@ def unavailable_reason() -> str | None:
     if not jit_allowed():
         return "CAKE_JIT=0 forbids compiling"
     if find_nvcc() is None:
-        where = "$CUDA_HOME/bin" if os.environ.get("CUDA_HOME") else "PATH"
-        return f"no nvcc was found on {where} to compile it"
+        return "no nvcc was found in $CUDA_HOME/bin or on PATH to compile it"
     return None
 
 

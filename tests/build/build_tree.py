@@ -15,6 +15,7 @@ from pathlib import Path
 
 from toy_programs import REPO, TOY_FAMILY, make_toy_repo
 
+from cake.core import jit
 from cake.core import manifest as mf
 
 BUILD_FILES = ("CMakeLists.txt", "tools/build_plan.py", "cake/__init__.py", "cake/checker.py")
@@ -37,11 +38,8 @@ def make_build_repo(root: Path) -> mf.PackageTree:
 
 
 def nvcc() -> str | None:
-    """The nvcc the build would find: $CUDA_HOME/bin first, then PATH."""
-    home = os.environ.get("CUDA_HOME")
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    """The nvcc the build would find (the JIT's search: $CUDA_HOME/bin, else PATH)."""
+    return jit.find_nvcc()
 
 
 def env_without_nvcc() -> dict:

@@ -6,7 +6,6 @@ import importlib.util
 import inspect
 import math
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cake.core import host  # noqa: E402
+from cake.core import host, jit  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
 from cake.cake_causal_conv1d_det_train import reference as ref  # noqa: E402
 from cake.cake_causal_conv1d_det_train import _routes  # noqa: E402
@@ -268,14 +267,14 @@ def test_library_names_follow_the_scheme():
 
 
 @pytest.mark.nvcc
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.skipif(jit.find_nvcc() is None, reason="nvcc not found ($CUDA_HOME/bin or PATH)")
 @pytest.mark.parametrize("tile", ["short", "long"])
 def test_kernels_do_not_spill(tile, tmp_path):
     program = next(p for p in MANIFEST.programs if p.route["tile"] == tile
                    and p.variant == {"dtype": "bfloat16", "bias": True, "activation": "silu"})
     kernel = REPO / "csrc" / NAME / f"{program.library}_kernel.cu"
     result = subprocess.run(
-        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+        [jit.find_nvcc(), "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
          f"-I{REPO / 'csrc' / 'include'}", f'-DCAKE_PROGRAM_DIGEST="{program.digest}"', "-c",
          str(kernel), "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -30,7 +30,7 @@ H200 = loader.Device(0, "Simulated H200", (9, 0))
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
     """Fresh cache, JIT allowed, per-process caches emptied, a simulated H200 as device 0."""
-    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+    if jit.find_nvcc() is None:
         pytest.skip("nvcc is not installed")
     monkeypatch.setenv("CAKE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("CAKE_JIT", raising=False)
@@ -161,6 +161,7 @@ def test_jit_disabled_gives_the_unsupported_error(package, monkeypatch):
 
 def test_no_nvcc_gives_the_unsupported_error(package, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     programs = programs_of(package)
     with pytest.raises(loader.ProgramUnavailable, match="no nvcc was found"):
         programs.library(programs.manifest.programs[0], 0)

@@ -7,7 +7,6 @@ import ctypes
 import importlib.util
 import inspect
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -180,15 +179,16 @@ def test_public_names_follow_the_scheme(name):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The bf16 vector program of each family, built here (the checks need no GPU)."""
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
+    nvcc = jit.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found ($CUDA_HOME/bin or PATH)")
     out = {}
     for name in NAMES:
         program = next(p for p in MANIFESTS[name].programs
                        if p.variant == {"dtype": "bfloat16", "load": "vector"})
         tree = mf.repository_tree(REPO, name)
         path = tmp_path_factory.mktemp(name) / f"{program.library}.so"
-        subprocess.run(jit.compile_command("nvcc", tree, program, "sm_90a", path), check=True)
+        subprocess.run(jit.compile_command(nvcc, tree, program, "sm_90a", path), check=True)
         out[name] = (ctypes.CDLL(str(path)), program.library)
     return out
 
