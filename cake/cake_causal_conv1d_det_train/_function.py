@@ -24,6 +24,7 @@ from . import _routes
 from ._validate import Problem, validate_backward, validate_forward, validate_inputs
 
 _FORWARD_ARITY = 5  # x, weight, bias, cu_seqlens, activation
+_ptr = host.data_pointer
 
 
 def _library(problem: Problem):
@@ -33,9 +34,6 @@ def _library(problem: Problem):
     program = _routes.select(programs.manifest, problem, arch)
     return programs.library(program, index)
 
-
-def _ptr(tensor: torch.Tensor | None) -> int:
-    return 0 if tensor is None else tensor.data_ptr()
 
 
 def _workspace_bytes(problem: Problem, library=None) -> int:

@@ -106,20 +106,9 @@ def validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype,
         outputs["dbias"] = host.check_output("dbias", dbias, shape=bias.shape, dtype=grad_dtype,
                                              device=x.device)
     if workspace is not None:
-        if not isinstance(workspace, torch.Tensor):
-            raise TypeError(f"workspace: expected a torch.Tensor or None, "
-                            f"got {type(workspace).__name__}")
-        if workspace.device != x.device or not workspace.is_contiguous():
-            raise ValueError(f"workspace: expected a contiguous tensor on {x.device}, "
-                             f"got {host.describe(workspace)}")
-        have = workspace.numel() * workspace.element_size()
-        if have < workspace_bytes:
-            raise ValueError(f"workspace: needs {workspace_bytes} bytes "
-                             "(cake_causal_conv1d_det_train_backward_workspace_bytes), "
-                             f"got {have} ({host.describe(workspace)})")
-        if workspace.data_ptr() % 16:
-            raise ValueError("workspace: must be 16-byte aligned")
-        outputs["workspace"] = workspace
+        outputs["workspace"] = host.check_workspace(
+            workspace, device=x.device, need=workspace_bytes,
+            query="cake_causal_conv1d_det_train_backward_workspace_bytes")
     host.check_disjoint(outputs, {"dy": dy, "x": x, "weight": weight, "bias": bias,
                                   "cu_seqlens": cu_seqlens})
     return problem

@@ -88,6 +88,27 @@ def check_output(name: str, value: object, *, shape: Sequence[int], dtype: torch
     return value
 
 
+def check_workspace(value: object, *, device: torch.device, need: int, query: str) -> torch.Tensor:
+    """A caller-provided backward workspace: a contiguous tensor on ``device`` of at least
+    ``need`` bytes (as ``query`` reports), 16-byte aligned."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"workspace: expected a torch.Tensor or None, got {type(value).__name__}")
+    if value.device != device or not value.is_contiguous():
+        raise ValueError(f"workspace: expected a contiguous tensor on {device}, "
+                         f"got {describe(value)}")
+    have = value.numel() * value.element_size()
+    if have < need:
+        raise ValueError(f"workspace: needs {need} bytes ({query}), got {have} ({describe(value)})")
+    if value.data_ptr() % 16:
+        raise ValueError("workspace: must be 16-byte aligned")
+    return value
+
+
+def data_pointer(tensor: torch.Tensor | None) -> int:
+    """A tensor's device address for an entry's argument array (0 for None)."""
+    return 0 if tensor is None else tensor.data_ptr()
+
+
 def check_disjoint(outputs: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor | None]) -> None:
     """No output buffer shares memory with an input or another output (kernels read while
     they write)."""

@@ -36,6 +36,8 @@ _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 _X_SHAPE = "[..., D] with 1 <= D <= 16384 (leading dims are flattened into rows)"
 _ANY_DIMS = tuple(range(1, 17))
 
+_ptr = host.data_pointer
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -172,18 +174,8 @@ def validate_backward(*, dy, x, gate, weight, rstd, dsum, weight_offset, gated: 
         outputs["dweight"] = host.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype,
                                                device=x.device)
     if workspace is not None:
-        if not isinstance(workspace, torch.Tensor):
-            raise TypeError(f"workspace: expected a torch.Tensor or None, got {type(workspace).__name__}")
-        if workspace.device != x.device or not workspace.is_contiguous():
-            raise ValueError(f"workspace: expected a contiguous tensor on {x.device}, "
-                             f"got {host.describe(workspace)}")
-        have = workspace.numel() * workspace.element_size()
-        if have < workspace_bytes:
-            raise ValueError(f"workspace: needs {workspace_bytes} bytes (backward_workspace_bytes), "
-                             f"got {have} ({host.describe(workspace)})")
-        if workspace.data_ptr() % 16:
-            raise ValueError("workspace: must be 16-byte aligned")
-        outputs["workspace"] = workspace
+        outputs["workspace"] = host.check_workspace(
+            workspace, device=x.device, need=workspace_bytes, query="backward_workspace_bytes")
     host.check_disjoint(outputs, {"dy": dy, "x": x, "g": gate, "weight": weight, "rstd": rstd,
                                   "dsum": dsum})
     return problem
@@ -211,9 +203,6 @@ def select(manifest: mf.Manifest, problem: Problem, arch: str | None) -> mf.Prog
 
 # --------------------------------------------------------------------------- launching
 
-
-def _ptr(tensor: Optional[torch.Tensor]) -> int:
-    return 0 if tensor is None else tensor.data_ptr()
 
 
 class Programs:

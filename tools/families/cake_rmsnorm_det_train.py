@@ -6,7 +6,7 @@ One program per (dtype, load). ``dtype`` is the dtype of x/y/dy/dx; ``load`` is 
 (element loads: any D). Inside every program the weight dtype (x's or fp32), the weight-gradient
 dtype, the residual (prenorm) form and the D band (16 elements a thread up to D = 8192, 32
 above) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
-(``cake/cake_rmsnorm_det_train/_routes.py``). 3 dtypes x 2 loads = 6 programs. The templates
+(``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families). 3 dtypes x 2 loads = 6 programs. The templates
 are shared with ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 """
 
