@@ -38,26 +38,22 @@ SHAPES = [(250340, c) for c in (512, 1024, 2048, 4096, 8192)] + [
 SMALL = [(32768, 264), (65536, 384)]
 BYTES = {"fwd": 4, "bwd": 6, "fwd+bwd": 10}
 
-# Tile shapes swept by --tune (knobs of csrc/templates/causal_conv1d/kernel.cu).
+# Forward streaming geometries swept by --tune (knobs of csrc/templates/causal_conv1d/kernel.cu):
+# c<channel threads>g<row groups>, f<rows>x<stages>x<chunks>, m<forward min blocks per SM>; the
+# backward keeps the "long" tile's knobs (its channel threads follow c).
+def _tile(c, g, fwd, m):
+    return dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=c, CAKE_ROW_GROUPS=g,
+                CAKE_FORWARD_ROWS=fwd[0], CAKE_FORWARD_STAGES=fwd[1], CAKE_FORWARD_CHUNKS=fwd[2],
+                CAKE_FORWARD_MIN_BLOCKS=m, CAKE_TOKEN_THREADS=256 // c,
+                CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=8, CAKE_BACKWARD_MIN_BLOCKS=2,
+                CAKE_BACKWARD_SCALAR_MIN_BLOCKS=1)
+
+
 TUNE_TILES = {
-    "v8c32t8r8i8": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
-                        CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=8),
-    "v4c32t8r8i8": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
-                        CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=8),
-    "v4c32t8r16i4": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
-                         CAKE_TOKENS_PER_THREAD=16, CAKE_ITERATIONS=4),
-    "v8c32t4r16i8": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=4,
-                         CAKE_TOKENS_PER_THREAD=16, CAKE_ITERATIONS=8),
-    "v4c32t4r16i8": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=4,
-                         CAKE_TOKENS_PER_THREAD=16, CAKE_ITERATIONS=8),
-    "v8c32t8r4i16": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=32, CAKE_TOKEN_THREADS=8,
-                         CAKE_TOKENS_PER_THREAD=4, CAKE_ITERATIONS=16),
-    "v8c8t32r8i1": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=8, CAKE_TOKEN_THREADS=32,
-                        CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=1),
-    "v4c16t16r8i1": dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=16, CAKE_TOKEN_THREADS=16,
-                         CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=1),
-    "v8c16t16r8i2": dict(CAKE_VEC=8, CAKE_CHANNEL_THREADS=16, CAKE_TOKEN_THREADS=16,
-                         CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=2),
+    "c32g4 f32x4x16 m4": _tile(32, 4, (32, 4, 16), 4),
+    "c32g4 f64x4x8 m4": _tile(32, 4, (64, 4, 8), 4),
+    "c32g8 f32x4x16 m4": _tile(32, 8, (32, 4, 16), 4),
+    "c16g8 f32x4x8 m5": _tile(16, 8, (32, 4, 8), 5),
 }
 TUNE_SHAPES = [(250340, 512), (250340, 2048), (250340, 8192), (32768, 264), (65536, 384)]
 
@@ -171,10 +167,9 @@ def tune_libraries(tiles: dict, *, dtype: str = "bfloat16"):
     from tools.families import cake_causal_conv1d_det_train as table
 
     base = {"CAKE_DTYPE_BF16": 1 if dtype == "bfloat16" else 0, "CAKE_HAS_BIAS": False,
-            "CAKE_SILU": 1, "CAKE_BACKWARD_MIN_BLOCKS": 1, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}
-    specs = tuple(render.Spec(variant={"tile": name}, route={}, params=dict(
-        base, CAKE_FORWARD_TOKENS_PER_THREAD=params["CAKE_TOKENS_PER_THREAD"], **params))
-        for name, params in tiles.items())
+            "CAKE_SILU": 1}
+    specs = tuple(render.Spec(variant={"tile": name}, route={}, params=dict(base, **params))
+                  for name, params in tiles.items())
     family = render.Family(name=table.FAMILY.name, templates=table.FAMILY.templates, specs=specs)
     manifest, files = render.render_family(family, REPO)
     root = Path(tempfile.mkdtemp(prefix="cake-tune-"))
@@ -193,26 +188,43 @@ def tune_libraries(tiles: dict, *, dtype: str = "bfloat16"):
     return {p.variant["tile"]: programs.library(p, 0) for p in manifest.programs}
 
 
-def run_tune(*, iters: int, bench: harness.Bench, bandwidth: float):
+def _entry_calls(lib, x, w, cu, y, dy, dx, dw):
+    """fwd, bwd closures through a library's C entries (any program, not only the routed one);
+    the workspace size from its own entry."""
+    import ctypes
+
     import torch
 
-    from cake.cake_causal_conv1d_det_train import _function
-    from cake.cake_causal_conv1d_det_train._validate import validate_inputs
+    tokens, channels = x.shape
+    stream = torch.cuda.current_stream().cuda_stream
+    size = ctypes.c_int64(-1)
+    lib.entry("workspace_bytes")([tokens, channels, ctypes.addressof(size)], 0)
+    ws = torch.empty(max(size.value, 16), dtype=torch.uint8, device=x.device)
+    docs = cu.numel() - 1
+    forward, backward = lib.entry("forward"), lib.entry("backward")
+    fwd_args = [x.data_ptr(), w.data_ptr(), 0, cu.data_ptr(), y.data_ptr(), tokens, channels,
+                docs, 0, 0]
+    bwd_args = [x.data_ptr(), w.data_ptr(), 0, cu.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                dw.data_ptr(), 0, ws.data_ptr(), size.value, tokens, channels, docs, 0, 0, 1]
+    return (lambda: forward(fwd_args, stream)), (lambda: backward(bwd_args, stream)), ws
+
+
+def run_tune(*, iters: int, bench: harness.Bench, bandwidth: float):
+    """Every geometry of TUNE_TILES at TUNE_SHAPES: time and % of copy bandwidth per direction;
+    y, dx compared bitwise with the first geometry and dweight within fp32 reordering."""
+    import torch
 
     libraries = tune_libraries(TUNE_TILES)
     rows = []
     for tokens, channels in TUNE_SHAPES:
         x, w, dy, cu = make_inputs(tokens, channels)
-        problem = validate_inputs(x, w, None, cu, "silu")
         y, dx = torch.empty_like(x), torch.empty_like(x)
         dw = torch.empty(w.shape, dtype=torch.float32, device="cuda")
         reference = None
         for name, lib in libraries.items():
-            need = _function._workspace_bytes(problem, lib)
-            ws = torch.empty(max(need, 16), dtype=torch.uint8, device="cuda")
-            fwd = lambda: _function._forward_into(problem, x, w, None, cu, y, library=lib)  # noqa: E731
-            bwd = lambda: _function._backward_into(problem, dy, x, w, None, cu, dx, dw, None,  # noqa: E731
-                                                   ws, need, library=lib)
+            fwd, bwd, _ws = _entry_calls(lib, x, w, cu, y, dy, dx, dw)
+            for out in (y, dx, dw):
+                out.fill_(float("nan"))
             fwd()
             bwd()
             torch.cuda.synchronize()

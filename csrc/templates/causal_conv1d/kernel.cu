@@ -2,12 +2,22 @@
 // backward and the fixed-order reduction of the weight/bias gradient partials.
 //
 // Layout: x, y, dy, dx are (S, C) row-major (channels contiguous); weight is (C, 4); bias (C,).
-// A block covers a tile of CHANNEL_THREADS * VEC channels and TOKEN_THREADS * TOKENS_PER_THREAD
-// tokens (the backward: that many tokens ITERATIONS times). Each thread owns VEC consecutive
-// channels (one 16-byte access for VEC = 8, 8-byte for VEC = 4, when C % VEC == 0 and the
-// pointers are aligned; VEC scalar accesses otherwise) and walks a run of TOKENS_PER_THREAD
-// tokens with the three previous x rows in registers. Document starts come from cu_seqlens
-// (binary search once per run, then stepping) or, without it, from a uniform document length.
+//
+// Forward (streaming). A block owns a tile of TILE = CHANNEL_THREADS * VEC channels and a span
+// of FORWARD_CHUNKS * FORWARD_ROWS tokens, which it walks in stages of FORWARD_ROWS rows. Each
+// stage's rows are copied into a ring of FORWARD_STAGES stages in shared memory (cp.async,
+// 16-byte pieces, when C % 8 == 0 and the tensors are 16-byte aligned; element copies
+// otherwise) FORWARD_STAGES - 2 stages ahead of the arithmetic, so later stages' loads are in
+// flight while a stage is computed. The ring also keeps the three rows before each stage (the
+// taps' history). Each thread computes VEC channels of FORWARD_ROWS / ROW_GROUPS consecutive
+// rows of a stage and stores them straight to global memory.
+//
+// Backward (registers). A block covers CHANNEL_THREADS * VEC channels and TOKEN_THREADS *
+// TOKENS_PER_THREAD tokens ITERATIONS times; each thread loads its run's x rows (and the three
+// before, three after) into registers, recomputes z, forms dz = dy * silu'(z) and scatters
+// w[k] dz into a rolling window of dx rows. (A shared-memory streaming backward like the
+// forward's, with dz kept in shared memory, measured 55-60% of copy bandwidth on the H200
+// against this design's 60-68%; see tests/causal_conv1d/NOTES.md.)
 //
 // Determinism: the backward writes one fp32 partial per (token tile, channel, tap) into the
 // workspace (no atomics); the reduction kernel sums the tiles of each column in a fixed order
@@ -15,6 +25,7 @@
 //
 // Memory safety: every global index is checked against [0, S) x [0, C) on its own, so any
 // cu_seqlens content (even one that fails the host checks) reads and writes only in bounds.
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -25,15 +36,19 @@
 
 // cake:params
 #define CAKE_DTYPE_BF16 1
-#define CAKE_VEC 8
 #define CAKE_HAS_BIAS 1
 #define CAKE_SILU 1
+#define CAKE_VEC 4
 #define CAKE_CHANNEL_THREADS 32
+#define CAKE_ROW_GROUPS 8
+#define CAKE_FORWARD_ROWS 32
+#define CAKE_FORWARD_STAGES 4
+#define CAKE_FORWARD_CHUNKS 16
+#define CAKE_FORWARD_MIN_BLOCKS 4
 #define CAKE_TOKEN_THREADS 8
-#define CAKE_FORWARD_TOKENS_PER_THREAD 8
 #define CAKE_TOKENS_PER_THREAD 8
-#define CAKE_ITERATIONS 1
-#define CAKE_BACKWARD_MIN_BLOCKS 1
+#define CAKE_ITERATIONS 8
+#define CAKE_BACKWARD_MIN_BLOCKS 2
 #define CAKE_BACKWARD_SCALAR_MIN_BLOCKS 1
 // cake:end-params
 
@@ -45,32 +60,56 @@ using Act = __nv_bfloat16;
 using Act = __half;
 #endif
 
-constexpr int kVec = CAKE_VEC;  // channels per thread (one 16- or 8-byte access)
+constexpr int kVec = CAKE_VEC;  // channels per thread (one 16- or 8-byte shared-memory access)
 static_assert(kVec == 8 || kVec == 4, "a thread owns 8 or 4 channels");
 constexpr int kWidth = 4;
 constexpr int kChannelThreads = CAKE_CHANNEL_THREADS;
+constexpr int kRowGroups = CAKE_ROW_GROUPS;
+constexpr int kThreads = kChannelThreads * kRowGroups;  // forward
+constexpr int kTile = kChannelThreads * kVec;  // channels per block
+// Backward: a block of kChannelThreads x kTokenThreads threads; each thread walks
+// kIterations runs of kRun tokens (registers only), the block a span of kBackwardSpan tokens.
 constexpr int kTokenThreads = CAKE_TOKEN_THREADS;
-constexpr int kThreads = kChannelThreads * kTokenThreads;
-constexpr int kForwardRun = CAKE_FORWARD_TOKENS_PER_THREAD;
-constexpr int kRun = CAKE_TOKENS_PER_THREAD;  // backward
+constexpr int kBackwardThreads = kChannelThreads * kTokenThreads;
+constexpr int kRun = CAKE_TOKENS_PER_THREAD;
 constexpr int kIterations = CAKE_ITERATIONS;
+constexpr int kBackwardTileTokens = kTokenThreads * kRun * kIterations;
 // Resident blocks per SM the compiler must allow for the backward kernels (caps registers at
 // 64K / (threads * blocks)), for the vector and the scalar (C % VEC != 0) access paths; chosen
-// per tile so that neither spills (checked by tests/causal_conv1d/test_cpu.py).
+// per tile so that neither spills (checked by tests/causal_conv1d/test_causal_conv1d_cpu.py).
 constexpr int kBackwardMinBlocks = CAKE_BACKWARD_MIN_BLOCKS;
+// The forward's: more resident blocks keep more stages in flight per SM.
+constexpr int kForwardMinBlocks = CAKE_FORWARD_MIN_BLOCKS;
 constexpr int kBackwardScalarMinBlocks = CAKE_BACKWARD_SCALAR_MIN_BLOCKS;
-constexpr int kForwardTileTokens = kTokenThreads * kForwardRun;
-constexpr int kBackwardTileTokens = kTokenThreads * kRun * kIterations;
+constexpr int kPiece = 16 / sizeof(Act);       // channels per 16-byte copy
 constexpr int kTaps = CAKE_HAS_BIAS ? kWidth + 1 : kWidth;  // partial rows: 4 taps (+ bias)
 constexpr int kReduceColumns = 32;
 constexpr int kReduceGroups = 8;
 
+// The forward's streaming geometry: rows per stage, ring stages, stages per block.
+template <int kRows_, int kStages_, int kChunks_>
+struct Stream {
+  static constexpr int kRows = kRows_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kSpan = kRows_ * kChunks_;   // tokens per block
+  static constexpr int kChunks = kChunks_;
+  static constexpr int kRing = kRows_ * kStages_;   // ring rows (a power of two: index by mask)
+  static constexpr int kRun = kRows_ / kRowGroups;  // rows per thread per stage
+  static_assert((kRing & (kRing - 1)) == 0, "ring rows must be a power of two");
+  static_assert(kStages_ >= 4, "the ring holds the stage computed, its history and 2+ in flight");
+  static_assert(kRows_ % kRowGroups == 0 && kRun >= 1, "rows per stage: a multiple of row groups");
+  static_assert(kRows_ >= 3, "a stage must cover the three history rows of the next");
+};
+using Fwd = Stream<CAKE_FORWARD_ROWS, CAKE_FORWARD_STAGES, CAKE_FORWARD_CHUNKS>;
+
 static_assert(kThreads <= 1024 && kThreads % 32 == 0, "block must be whole warps, at most 1024");
-static_assert(kRun >= 1 && kForwardRun >= 1 && kIterations >= 1,
-              "runs and iterations must be positive");
+static_assert(kBackwardThreads <= 1024 && kBackwardThreads % 32 == 0,
+              "block must be whole warps, at most 1024");
+static_assert(kRun >= 1 && kIterations >= 1, "runs and iterations must be positive");
 // Backward smem: one float per (token thread, tap row * VEC channels, channel thread).
 static_assert(kTokenThreads * kTaps * kVec * kChannelThreads * 4 <= 48 * 1024,
               "backward partial reduction must fit the static 48 KB shared memory");
+static_assert(kTile % kPiece == 0, "a tile is whole 16-byte pieces");
 
 struct Params {
   const Act* x;
@@ -81,7 +120,7 @@ struct Params {
   int64_t doc_len;  // documents of this length when cu_seqlens is null
   int64_t tokens;   // S
   int64_t channels; // C
-  int64_t vectors;  // ceil(C / 8)
+  int64_t vectors;  // ceil(C / VEC)
   int64_t channel_tiles;
   int64_t token_tiles;
   Act* y;
@@ -116,6 +155,52 @@ struct Pack {
   }
 };
 
+// ------------------------------------------------------------------------------ staging
+
+__device__ __forceinline__ void cp_async16(void* shared, const void* global, bool valid) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  // src-size 0 fills the 16 bytes with zeros and reads nothing.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Copies rows [q0, q0 + rows) of the block's span (token tb + q) of `src` into `ring` (row q at
+// q & (kRing - 1)); rows outside [0, S) and channels past C read as zero. kAsync: 16-byte
+// cp.async pieces (C % 8 == 0, 16-byte aligned src); otherwise element by element.
+template <int kRing, bool kAsync>
+__device__ __forceinline__ void copy_rows(Act* ring, const Act* __restrict__ src, int64_t tb,
+                                          int q0, int rows, int64_t tile0, const Params& p) {
+  if constexpr (kAsync) {
+    constexpr int kPieces = kTile / kPiece;
+    for (int i = threadIdx.x; i < rows * kPieces; i += kThreads) {
+      const int r = i / kPieces, piece = i % kPieces;
+      const int64_t t = tb + q0 + r, c = tile0 + piece * kPiece;
+      const bool valid = t >= 0 && t < p.tokens && c < p.channels;
+      cp_async16(ring + ((q0 + r) & (kRing - 1)) * kTile + piece * kPiece,
+                 valid ? src + t * p.channels + c : src, valid);
+    }
+  } else {
+    for (int i = threadIdx.x; i < rows * kTile; i += kThreads) {
+      const int r = i / kTile, col = i % kTile;
+      const int64_t t = tb + q0 + r, c = tile0 + col;
+      ring[((q0 + r) & (kRing - 1)) * kTile + col] =
+          (t >= 0 && t < p.tokens && c < p.channels) ? src[t * p.channels + c] : from_float<Act>(0.f);
+    }
+  }
+}
+
+template <int kRing>
+__device__ __forceinline__ Pack ring_row(const Act* ring, int q, int tx) {
+  Pack out;
+  out.raw = *reinterpret_cast<const PackRaw*>(ring + (q & (kRing - 1)) * kTile + tx * kVec);
+  return out;
+}
+
 // Loads VEC channels of row `t`; zeros outside [0, S) x [0, C). kChecked = false: the caller
 // guarantees 0 <= t < S (interior runs), so the row check is left out.
 template <bool kAligned, bool kChecked = true>
@@ -136,6 +221,8 @@ __device__ __forceinline__ Pack load_row(const Act* __restrict__ base, int64_t t
   return out;
 }
 
+// Stores VEC channels of row t; kChecked = false: the caller guarantees 0 <= t < S. Channels
+// past C are skipped on the element path.
 template <bool kAligned, bool kChecked = true>
 __device__ __forceinline__ void store_row(Act* __restrict__ base, int64_t t, int64_t c0,
                                           const Params& p, const float (&v)[kVec]) {
@@ -169,10 +256,10 @@ __device__ __forceinline__ void load_weights(const Params& p, int64_t c0, float 
   }
 }
 
-// Start of the document holding the tokens a thread walks. `seek` finds the document of t
-// (cu_seqlens: binary search for the last document starting at or before t); `advance` steps
-// forward as t grows. Values are clamped so that garbage cu_seqlens yields garbage boundaries,
-// never an out-of-bounds access (the cu_seqlens index stays in [0, num_docs]).
+// The document holding token t: [start, end). `seek` finds it (cu_seqlens: binary search for
+// the last document starting at or before t); `advance` moves forward as t grows. Values are
+// clamped so that garbage cu_seqlens yields garbage boundaries, never an out-of-bounds access
+// (the cu_seqlens index stays in [0, num_docs]).
 struct DocCursor {
   int64_t doc, start, end;
 
@@ -220,7 +307,7 @@ __device__ __forceinline__ int masked_taps(int64_t start, int64_t u) {
 // sigmoid with the approximate reciprocal (MUFU.RCP); the same instructions every run.
 __device__ __forceinline__ float sigmoid_of(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
 
-// z = bias + sum_k w[k] x[u-3+k] over live taps, for the VEC channels.
+// z = bias + sum_k w[k] x[u-3+k] over live taps (k >= m), for the VEC channels.
 template <bool kMasked>
 __device__ __forceinline__ void conv(const float (&w)[kWidth][kVec], const float (&b)[kVec],
                                      const Pack& x0, const Pack& x1, const Pack& x2,
@@ -241,21 +328,46 @@ __device__ __forceinline__ void conv(const float (&w)[kWidth][kVec], const float
   }
 }
 
+// The forward block's coordinates.
+struct Place {
+  int64_t tile0;  // first channel of the tile
+  int64_t c0;     // first of the thread's channels
+  int64_t tile;   // token tile (span) index
+  int tx, rg;     // channel thread, row group
+  bool active;    // the thread has channels (c0 < C)
+};
+
+__device__ __forceinline__ Place place(const Params& p) {
+  Place at;
+  const int64_t ct = blockIdx.x % p.channel_tiles;
+  at.tile = blockIdx.x / p.channel_tiles;
+  at.tx = threadIdx.x % kChannelThreads;
+  at.rg = threadIdx.x / kChannelThreads;
+  at.tile0 = ct * kTile;
+  at.c0 = at.tile0 + at.tx * kVec;
+  at.active = at.c0 < p.channels;
+  return at;
+}
+
+__device__ __forceinline__ int64_t ceil_div_d(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 // ------------------------------------------------------------------------------ forward
 
-// One thread's run of kForwardRun tokens from t0. kFast: every row of [t0-3, t0+kForwardRun)
-// is in [0, S) and in the document of t0, so no bounds checks and no masks.
-template <bool kAligned, bool kFast>
-__device__ __forceinline__ void forward_run(const Params& p, int64_t t0, int64_t c0,
+// Rows [q0, q0 + n) of the span (tokens t0 = tb + q0 ...), n <= kRun, from the ring.
+// kFast: every row of [t0-3, t0+n) is in the document of t0 (no masks) and below S.
+template <bool kVector, bool kFast>
+__device__ __forceinline__ void forward_run(const Params& p, const Act* ring, int q0, int64_t t0,
+                                            int n, const Place& at,
                                             const float (&w)[kWidth][kVec],
                                             const float (&b)[kVec], DocCursor& d) {
-  // Rows t0-3 .. t0+kForwardRun-1, all loads issued before the first use.
-  Pack xs[kForwardRun + 3];
+  constexpr int kRun = Fwd::kRun;
+  Pack xs[kRun + 3];
 #pragma unroll
-  for (int i = 0; i < kForwardRun + 3; ++i)
-    xs[i] = load_row<kAligned, !kFast>(p.x, t0 - 3 + i, c0, p);
+  for (int i = 0; i < kRun + 3; ++i) xs[i] = ring_row<Fwd::kRing>(ring, q0 - 3 + i, at.tx);
 #pragma unroll
-  for (int i = 0; i < kForwardRun; ++i) {
+  for (int i = 0; i < kRun; ++i) {
+    if (!kFast && i >= n) break;
     const int64_t u = t0 + i;
     int m = 0;
     if (!kFast) {
@@ -269,30 +381,48 @@ __device__ __forceinline__ void forward_run(const Params& p, int64_t t0, int64_t
 #pragma unroll
       for (int j = 0; j < kVec; ++j) z[j] *= sigmoid_of(z[j]);
     }
-    store_row<kAligned, !kFast>(p.y, u, c0, p, z);
+    store_row<kVector>(p.y, u, at.c0, p, z);
   }
 }
 
-template <typename W, bool kAligned>
+template <typename W, bool kAsync>
 __device__ __forceinline__ void forward_body(const Params& p) {
-  const int64_t block = blockIdx.x;
-  const int64_t ct = block % p.channel_tiles;
-  const int64_t tt = block / p.channel_tiles;
-  const int64_t vec = ct * kChannelThreads + threadIdx.x % kChannelThreads;
-  if (vec >= p.vectors) return;
-  const int64_t c0 = vec * kVec;
-  const int64_t t0 = tt * kForwardTileTokens +
-                     static_cast<int64_t>(threadIdx.x / kChannelThreads) * kForwardRun;
-  if (t0 >= p.tokens) return;
+  extern __shared__ __align__(16) unsigned char shared[];
+  Act* ring = reinterpret_cast<Act*>(shared);
+  const Place at = place(p);
+  const int64_t tb = at.tile * Fwd::kSpan;
+  const int stages = static_cast<int>(min64(Fwd::kChunks, ceil_div_d(p.tokens - tb, Fwd::kRows)));
+
+  copy_rows<Fwd::kRing, kAsync>(ring, p.x, tb, -3, 3, at.tile0, p);  // history of stage 0
+#pragma unroll
+  for (int s = 0; s < Fwd::kStages - 2; ++s) {
+    if (s < stages) copy_rows<Fwd::kRing, kAsync>(ring, p.x, tb, s * Fwd::kRows, Fwd::kRows, at.tile0, p);
+    cp_async_commit();
+  }
   float w[kWidth][kVec], b[kVec];
-  load_weights<W>(p, c0, w, b);
+  load_weights<W>(p, at.c0, w, b);
   DocCursor d;
-  d.seek(p, t0);
-  const bool fast = t0 >= 3 && t0 + kForwardRun <= p.tokens && d.start <= t0 - 3 &&
-                    d.end >= t0 + kForwardRun;
-  if (fast) forward_run<kAligned, true>(p, t0, c0, w, b, d);
-  else forward_run<kAligned, false>(p, t0, c0, w, b, d);
+  d.seek(p, tb + at.rg * Fwd::kRun);
+
+  for (int k = 0; k < stages; ++k) {
+    cp_async_wait<Fwd::kStages - 3>();  // stage k has landed (this thread's pieces) ...
+    __syncthreads();                     // ... everyone's; and stage k-1 is computed
+    const int next = k + Fwd::kStages - 2;  // into the slot of stage k-2
+    if (next < stages) copy_rows<Fwd::kRing, kAsync>(ring, p.x, tb, next * Fwd::kRows, Fwd::kRows, at.tile0, p);
+    cp_async_commit();
+    const int q0 = k * Fwd::kRows + at.rg * Fwd::kRun;
+    const int64_t t0 = tb + q0;
+    if (!at.active || t0 >= p.tokens) continue;
+    const int n = static_cast<int>(min64(Fwd::kRun, p.tokens - t0));
+    d.advance(p, t0);
+    const bool fast = n == Fwd::kRun && d.start <= t0 - 3 && d.end >= t0 + Fwd::kRun;
+    if (fast) forward_run<kAsync, true>(p, ring, q0, t0, n, at, w, b, d);
+    else forward_run<kAsync, false>(p, ring, q0, t0, n, at, w, b, d);
+  }
 }
+
+// Dynamic shared memory of the forward kernels, in bytes.
+constexpr int kForwardShared = Fwd::kRing * kTile * static_cast<int>(sizeof(Act));
 
 // ------------------------------------------------------------------------------ backward
 
@@ -423,7 +553,7 @@ __device__ __forceinline__ void backward_body(const Params& p) {
     if (CAKE_HAS_BIAS) red[ty][(kTaps - 1) * kVec + j][tx] = db[j];
   }
   __syncthreads();
-  for (int item = threadIdx.x; item < kTaps * kVec * kChannelThreads; item += kThreads) {
+  for (int item = threadIdx.x; item < kTaps * kVec * kChannelThreads; item += kBackwardThreads) {
     const int row = item / kChannelThreads;  // tap * 8 + channel within the vector
     const int col = item % kChannelThreads;
     float sum = 0.f;
@@ -436,9 +566,9 @@ __device__ __forceinline__ void backward_body(const Params& p) {
 
 // ------------------------------------------------------------------------------ reduction
 
-// Column col = row * C + c of the partials (row: tap 0..3, or 4 for the bias). Its tiles are
-// split into kReduceGroups contiguous groups; each group is summed in tile order, then the
-// groups in group order. The split depends only on the number of tiles.
+// Column col = row * C + c of the partials (row: tap 0..3, or 4 for the bias). Its spans are
+// split into kReduceGroups contiguous groups; each group is summed in span order, then the
+// groups in group order. The split depends only on the number of spans.
 template <typename Out>
 __device__ __forceinline__ void reduce_body(const Params& p) {
   __shared__ float part[kReduceGroups][kReduceColumns];
@@ -480,33 +610,36 @@ __device__ __forceinline__ void reduce_body(const Params& p) {
 using cake_library_ns::Act;
 using cake_library_ns::Params;
 
-// Kernel names: <weight: a = activation dtype, f = fp32><access: v = vectors, s = scalar>.
+// Kernel names: <weight: a = activation dtype, f = fp32><access: v = vectors (forward: 16-byte
+// async copies, C % 8 == 0; backward: VEC-wide loads, C % VEC == 0), s = element accesses>.
 constexpr int kThreads = cake_library_ns::kThreads;
+constexpr int kForwardMinBlocks = cake_library_ns::kForwardMinBlocks;
+constexpr int kBackwardThreads = cake_library_ns::kBackwardThreads;
 constexpr int kBackwardMinBlocks = cake_library_ns::kBackwardMinBlocks;
 constexpr int kScalarMinBlocks = cake_library_ns::kBackwardScalarMinBlocks;
 
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_av(const Params p) {
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks) kernel_cake_library_forward_av(const Params p) {
   cake_library_ns::forward_body<Act, true>(p);
 }
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_as(const Params p) {
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks) kernel_cake_library_forward_as(const Params p) {
   cake_library_ns::forward_body<Act, false>(p);
 }
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_fv(const Params p) {
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks) kernel_cake_library_forward_fv(const Params p) {
   cake_library_ns::forward_body<float, true>(p);
 }
-__global__ void __launch_bounds__(kThreads) kernel_cake_library_forward_fs(const Params p) {
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks) kernel_cake_library_forward_fs(const Params p) {
   cake_library_ns::forward_body<float, false>(p);
 }
-__global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) kernel_cake_library_backward_av(const Params p) {
+__global__ void __launch_bounds__(kBackwardThreads, kBackwardMinBlocks) kernel_cake_library_backward_av(const Params p) {
   cake_library_ns::backward_body<Act, true>(p);
 }
-__global__ void __launch_bounds__(kThreads, kScalarMinBlocks) kernel_cake_library_backward_as(const Params p) {
+__global__ void __launch_bounds__(kBackwardThreads, kScalarMinBlocks) kernel_cake_library_backward_as(const Params p) {
   cake_library_ns::backward_body<Act, false>(p);
 }
-__global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) kernel_cake_library_backward_fv(const Params p) {
+__global__ void __launch_bounds__(kBackwardThreads, kBackwardMinBlocks) kernel_cake_library_backward_fv(const Params p) {
   cake_library_ns::backward_body<float, true>(p);
 }
-__global__ void __launch_bounds__(kThreads, kScalarMinBlocks) kernel_cake_library_backward_fs(const Params p) {
+__global__ void __launch_bounds__(kBackwardThreads, kScalarMinBlocks) kernel_cake_library_backward_fs(const Params p) {
   cake_library_ns::backward_body<float, false>(p);
 }
 
@@ -527,8 +660,9 @@ namespace cake_library_ns {
 
 constexpr int64_t kMaxGrid = 0x7fffffff;
 
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) % 16) == 0; }
 inline bool aligned_vec(const void* ptr) {
-  return (reinterpret_cast<uintptr_t>(ptr) % sizeof(PackRaw)) == 0;  // the vector access width
+  return (reinterpret_cast<uintptr_t>(ptr) % sizeof(PackRaw)) == 0;  // the backward's access width
 }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -536,6 +670,36 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t backward_tiles(int64_t tokens) { return ceil_div(tokens, kBackwardTileTokens); }
 inline int64_t workspace_bytes(int64_t tokens, int64_t channels) {
   return backward_tiles(tokens) * kTaps * channels * static_cast<int64_t>(sizeof(float));
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory (over the 48 KB default) on the current
+// device; once per (kernel, device): the attribute is per device, and setting it costs a
+// driver call.
+template <void (*kKernel)(const Params)>
+inline cudaError_t allow_shared(int bytes) {
+  static std::atomic<uint64_t> devices{0};  // bit d: done on device d (< 64)
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (devices.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (status == cudaSuccess) status = cudaFuncSetAttribute(
+      kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (status == cudaSuccess && bit != 0) devices.fetch_or(bit, std::memory_order_relaxed);
+  return status;
+}
+
+template <void (*kKernel)(const Params), int kBlock = kThreads>
+inline int launch(const Params& p, int64_t blocks, int shared, cudaStream_t stream, char* error,
+                  int32_t error_len, const char* what) {
+  const cudaError_t status = allow_shared<kKernel>(shared);
+  if (status != cudaSuccess)
+    return cake::fail(error, error_len, cake::kCudaError, "%s: shared memory opt-in: %s", what,
+                      cudaGetErrorString(status));
+  kKernel<<<dim3(static_cast<unsigned>(blocks)), dim3(kBlock), shared, stream>>>(p);
+  return cake::launch_status(error, error_len, what);
 }
 
 // Fills the fields shared by forward and backward from args[0..3] and the sizes; returns 0 or
@@ -561,7 +725,7 @@ inline int common(const cake::Args& a, int64_t tokens, int64_t channels, int64_t
   p.tokens = tokens;
   p.channels = channels;
   p.vectors = ceil_div(channels, kVec);
-  p.channel_tiles = ceil_div(p.vectors, kChannelThreads);
+  p.channel_tiles = ceil_div(channels, kTile);
   if (p.weight == nullptr) return fail(error, error_len, kInvalidArgument, "weight is null");
   if (CAKE_HAS_BIAS && p.bias == nullptr)
     return fail(error, error_len, kInvalidArgument, "bias is null but this program adds a bias");
@@ -589,20 +753,18 @@ int forward(const cake::Args& a, cudaStream_t stream, char* error, int32_t error
   const bool weight_fp32 = a.i64(9) != 0;
   if (p.tokens == 0) return cake::kOk;
   if (p.y == nullptr) return fail(error, error_len, cake::kInvalidArgument, "y is null");
-  const int64_t blocks = p.channel_tiles * ceil_div(p.tokens, kForwardTileTokens);
+  const int64_t blocks = p.channel_tiles * ceil_div(p.tokens, Fwd::kSpan);
   if (blocks > kMaxGrid)
     return fail(error, error_len, cake::kInvalidArgument, "too many blocks (%lld)",
                 static_cast<long long>(blocks));
-  const bool vec = p.channels % kVec == 0 && aligned_vec(p.x) && aligned_vec(p.y);
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
-  if (weight_fp32) {
-    if (vec) kernel_cake_library_forward_fv<<<grid, block, 0, stream>>>(p);
-    else kernel_cake_library_forward_fs<<<grid, block, 0, stream>>>(p);
-  } else {
-    if (vec) kernel_cake_library_forward_av<<<grid, block, 0, stream>>>(p);
-    else kernel_cake_library_forward_as<<<grid, block, 0, stream>>>(p);
-  }
-  return cake::launch_status(error, error_len, "forward launch");
+  // 16-byte copies need every row to start on a 16-byte boundary: C % 8 == 0, aligned bases.
+  const bool vec = p.channels % kPiece == 0 && aligned16(p.x) && aligned16(p.y);
+  const char* what = "forward launch";
+  if (weight_fp32)
+    return vec ? launch<kernel_cake_library_forward_fv>(p, blocks, kForwardShared, stream, error, error_len, what)
+               : launch<kernel_cake_library_forward_fs>(p, blocks, kForwardShared, stream, error, error_len, what);
+  return vec ? launch<kernel_cake_library_forward_av>(p, blocks, kForwardShared, stream, error, error_len, what)
+             : launch<kernel_cake_library_forward_as>(p, blocks, kForwardShared, stream, error, error_len, what);
 }
 
 int backward(const cake::Args& a, cudaStream_t stream, char* error, int32_t error_len) {
@@ -639,15 +801,14 @@ int backward(const cake::Args& a, cudaStream_t stream, char* error, int32_t erro
   if (p.tokens > 0) {
     const bool vec = p.channels % kVec == 0 && aligned_vec(p.x) && aligned_vec(p.dy) &&
                      aligned_vec(p.dx);
-    const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
-    if (weight_fp32) {
-      if (vec) kernel_cake_library_backward_fv<<<grid, block, 0, stream>>>(p);
-      else kernel_cake_library_backward_fs<<<grid, block, 0, stream>>>(p);
-    } else {
-      if (vec) kernel_cake_library_backward_av<<<grid, block, 0, stream>>>(p);
-      else kernel_cake_library_backward_as<<<grid, block, 0, stream>>>(p);
-    }
-    status = cake::launch_status(error, error_len, "backward launch");
+    const char* what = "backward launch";
+    constexpr int kB = kBackwardThreads;
+    if (weight_fp32)
+      status = vec ? launch<kernel_cake_library_backward_fv, kB>(p, blocks, 0, stream, error, error_len, what)
+                   : launch<kernel_cake_library_backward_fs, kB>(p, blocks, 0, stream, error, error_len, what);
+    else
+      status = vec ? launch<kernel_cake_library_backward_av, kB>(p, blocks, 0, stream, error, error_len, what)
+                   : launch<kernel_cake_library_backward_as, kB>(p, blocks, 0, stream, error, error_len, what);
     if (status != cake::kOk) return status;
   }
   const dim3 rgrid(static_cast<unsigned>(ceil_div(kTaps * p.channels, kReduceColumns)));
