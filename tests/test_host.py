@@ -40,3 +40,55 @@ def test_op_names_are_unique_per_package():
 def test_backward_result_places_gradients_by_position():
     a, b = torch.zeros(1), torch.ones(1)
     assert host.backward_result(4, {0: a, 2: b}) == (a, None, b, None)
+
+
+# --------------------------------------------------------------------------- fast path
+
+
+def test_signature_tells_apart_what_the_checks_read():
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    same = [torch.ones(4, 8, dtype=torch.bfloat16),
+            torch.zeros(40, dtype=torch.bfloat16)[:32].view(4, 8)]
+    different = [x.float(), torch.zeros(8, 4, dtype=torch.bfloat16), x.t().contiguous().t(),
+                 torch.nn.Parameter(x), None, [[0.0] * 8] * 4]
+    for other in same:
+        assert host.signature(other, 1e-6) == host.signature(x, 1e-6)
+    for other in different:
+        assert host.signature(other, 1e-6) != host.signature(x, 1e-6)
+    # Equal scalars of different types are different signatures (True == 1 == 1.0).
+    assert len({host.signature(x, v) for v in (True, 1, 1.0)}) == 3
+    assert host.signature(x, "silu") != host.signature(x, None)
+
+
+def test_memo_is_bounded_and_skips_unhashable_keys():
+    memo = host.Memo(limit=3)
+    for key in range(5):
+        assert memo.put(key, str(key)) == str(key)
+    assert len(memo) == 3 and memo.get(0) is None and memo.get(1) is None  # oldest dropped
+    assert memo.get(4) == "4"
+    unhashable = (1, [2])
+    assert memo.put(unhashable, "x") == "x" and memo.get(unhashable) is None and len(memo) == 3
+    memo.clear()
+    assert len(memo) == 0 and memo.get(4) is None
+
+
+def test_check_disjoint_reports_the_first_overlap_and_skips_empty_tensors():
+    base = torch.zeros(64)
+    out, other_out = base[:16], base[16:32]
+    host.check_disjoint({"out": out, "other": other_out}, {"x": base[32:], "none": None,
+                                                           "empty": base[:0]})
+    with pytest.raises(ValueError, match="^out: must not share memory with x$"):
+        host.check_disjoint({"out": out}, {"x": base[8:24], "y": base})
+    with pytest.raises(ValueError, match="^other: must not share memory with x$"):
+        host.check_disjoint({"out": out, "other": other_out}, {"x": base[31:40]})
+    with pytest.raises(ValueError, match="^out: must not share memory with other$"):
+        host.check_disjoint({"out": out, "other": base[15:20]}, {})
+    host.check_disjoint({"out": torch.zeros(0)}, {"x": base})
+
+
+def test_aligned():
+    buffer = torch.zeros(64, dtype=torch.uint8)
+    assert host.aligned(buffer, None, buffer[16:])
+    assert not host.aligned(buffer, buffer[4:])
+    assert host.aligned(buffer[4:], to=4) and not host.aligned(buffer[4:], to=8)
+    assert not host.aligned([0])  # not a tensor: such a call fails its checks anyway

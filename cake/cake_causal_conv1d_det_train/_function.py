@@ -6,6 +6,11 @@ the least host work per call). Under ``torch.compile`` the functional uses the c
 compiler treats as opaque (fake implementations give the output shapes). Both launch through
 :func:`_forward_into` and :func:`_backward_into`.
 
+Host path: a call's signature (``host.signature``) keys a memo of its :class:`host.Plan`
+(validated problem, program entries, backward workspace size), so a call whose signature was
+seen before runs only the ``recheck_*`` checks and one entry call; the autograd backward
+reuses the forward's plan.
+
 CUDA graphs: the entries never synchronize and, with ``out``/``dx``/``dweight``/``dbias``/
 ``workspace`` given, never allocate. cu_seqlens' values are checked (one device read) only when
 the stream is not capturing; under capture only its dtype/shape/device are checked, and the
@@ -14,69 +19,81 @@ kernels stay memory-safe for any content.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Optional
 
 import torch
 
 from ..core import host
 from . import _routes
-from ._validate import Problem, validate_backward, validate_forward, validate_inputs
+from ._validate import (recheck_backward, recheck_forward, validate_backward, validate_forward,
+                        validate_inputs)
 
 _FORWARD_ARITY = 5  # x, weight, bias, cu_seqlens, activation
 _ptr = host.data_pointer
+# Problem -> Plan (route, entries, workspace size), and call signature -> Plan.
+_plan = host.Plans(__file__, _routes.select, lambda problem: (problem.tokens, problem.channels))
+_forward_plans = host.Memo()
+_backward_plans = host.Memo()
 
 
-def _library(problem: Problem):
-    programs = host.program_set(__file__)
-    index = problem.device.index
-    arch = host.device_arch(problem.device)
-    program = _routes.select(programs.manifest, problem, arch)
-    return programs.library(program, index)
+def _forward_plan(x, weight, bias, cu_seqlens, activation, out) -> host.Plan:
+    key = host.signature(x, weight, bias, cu_seqlens, out, activation)
+    plan = _forward_plans.get(key)
+    if plan is None:
+        problem = validate_forward(x, weight, bias, cu_seqlens, activation, out)
+        return _forward_plans.put(key, _plan(problem))
+    recheck_forward(x, weight, bias, cu_seqlens, out, plan.problem)
+    return plan
 
 
-
-def _workspace_bytes(problem: Problem, library=None) -> int:
-    if problem.tokens == 0:
-        return 0
-    out = ctypes.c_int64(-1)
-    (library or _library(problem)).entry("workspace_bytes")(
-        [problem.tokens, problem.channels, ctypes.addressof(out)], 0)
-    return out.value
-
-
-# ``library`` (default: the routed program) lets the tile-tuning benchmark run other programs.
-def _forward_into(problem: Problem, x, weight, bias, cu_seqlens, y, library=None) -> None:
-    (library or _library(problem)).entry("forward")(
-        [_ptr(x), _ptr(weight), _ptr(bias), _ptr(cu_seqlens), _ptr(y), problem.tokens,
-         problem.channels, problem.num_docs, problem.doc_len, int(problem.weight_fp32)],
-        host.stream_handle(problem.device))
+def _backward_plan(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight, dbias,
+                   workspace) -> host.Plan:
+    key = host.signature(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
+                         activation, grad_dtype)
+    plan = _backward_plans.get(key)
+    if plan is None:
+        problem = validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx,
+                                    dweight, dbias, workspace,
+                                    lambda p: _plan(p).workspace_bytes)
+        return _backward_plans.put(key, _plan(problem))
+    recheck_backward(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace, plan.problem)
+    return plan
 
 
-def _backward_into(problem: Problem, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
-                   workspace, workspace_bytes: int, library=None) -> None:
-    (library or _library(problem)).entry("backward")(
-        [_ptr(x), _ptr(weight), _ptr(bias), _ptr(cu_seqlens), _ptr(dy), _ptr(dx),
-         _ptr(dweight), _ptr(dbias), _ptr(workspace), workspace_bytes, problem.tokens,
-         problem.channels, problem.num_docs, problem.doc_len, int(problem.weight_fp32),
-         int(dweight.dtype == torch.float32)],
-        host.stream_handle(problem.device))
+def _forward_into(plan: host.Plan, x, weight, bias, cu_seqlens, y) -> None:
+    problem = plan.problem
+    plan.forward([x.data_ptr(), weight.data_ptr(), _ptr(bias), _ptr(cu_seqlens), y.data_ptr(),
+                  problem.tokens, problem.channels, problem.num_docs, problem.doc_len,
+                  int(problem.weight_fp32)],
+                 host.stream_handle(plan.device))
 
 
-def _backward(problem: Problem, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=None,
+def _backward_into(plan: host.Plan, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
+                   workspace, workspace_bytes: int) -> None:
+    problem = plan.problem
+    plan.backward([x.data_ptr(), weight.data_ptr(), _ptr(bias), _ptr(cu_seqlens), dy.data_ptr(),
+                   dx.data_ptr(), dweight.data_ptr(), _ptr(dbias), _ptr(workspace),
+                   workspace_bytes, problem.tokens, problem.channels, problem.num_docs,
+                   problem.doc_len, int(problem.weight_fp32),
+                   int(dweight.dtype == torch.float32)],
+                  host.stream_handle(plan.device))
+
+
+def _backward(plan: host.Plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=None,
               dweight=None, dbias=None, workspace=None):
     """Allocates what the caller did not provide, then launches; returns (dx, dweight, dbias)."""
-    need = _workspace_bytes(problem)
     if dx is None:
         dx = torch.empty_like(x)
     if dweight is None:
-        dweight = torch.empty(weight.shape, dtype=grad_dtype, device=x.device)
+        dweight = torch.empty_like(weight, dtype=grad_dtype)
     if dbias is None and bias is not None:
-        dbias = torch.empty(bias.shape, dtype=grad_dtype, device=x.device)
-    if workspace is None and need:
-        workspace = torch.empty(need, dtype=torch.uint8, device=x.device)
-    _backward_into(problem, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
-                   0 if workspace is None else workspace.numel() * workspace.element_size())
+        dbias = torch.empty_like(bias, dtype=grad_dtype)
+    if workspace is not None:
+        size = workspace.nbytes
+    else:
+        size = plan.workspace_bytes
+        workspace = x.new_empty(size, dtype=torch.uint8) if size else None
+    _backward_into(plan, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace, size)
     return dx, dweight, dbias
 
 
@@ -108,10 +125,10 @@ def cake_causal_conv1d_det_train_forward(
         >>> cu = torch.tensor([0, 300, 1000], device="cuda", dtype=torch.int32)
         >>> y = cake_causal_conv1d_det_train_forward(x, w, None, cu)
     """
-    problem = validate_forward(x, weight, bias, cu_seqlens, activation, out)
+    plan = _forward_plan(x, weight, bias, cu_seqlens, activation, out)
     y = torch.empty_like(x) if out is None else out
-    if problem.tokens:
-        _forward_into(problem, x, weight, bias, cu_seqlens, y)
+    if plan.problem.tokens:
+        _forward_into(plan, x, weight, bias, cu_seqlens, y)
     return y
 
 
@@ -142,13 +159,9 @@ def cake_causal_conv1d_det_train_backward(
         >>> dy = torch.randn_like(x)
         >>> dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, None, cu)
     """
-    need = None
-    if workspace is not None:
-        problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
-        need = _workspace_bytes(problem)
-    problem = validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx,
-                                dweight, dbias, workspace, need or 0)
-    return _backward(problem, dy, x, weight, bias, cu_seqlens, grad_dtype, dx, dweight, dbias,
+    plan = _backward_plan(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight,
+                          dbias, workspace)
+    return _backward(plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx, dweight, dbias,
                      workspace)
 
 
@@ -166,7 +179,7 @@ def cake_causal_conv1d_det_train_backward_workspace_bytes(
         >>> n = cake_causal_conv1d_det_train_backward_workspace_bytes(x, w, None, cu)
         >>> ws = torch.empty(n, dtype=torch.uint8, device="cuda")
     """
-    return _workspace_bytes(validate_inputs(x, weight, bias, cu_seqlens, activation))
+    return _plan(validate_inputs(x, weight, bias, cu_seqlens, activation)).workspace_bytes
 
 
 def is_cake_causal_conv1d_det_train_supported(device: Optional[torch.device | int] = None, *,
@@ -193,11 +206,11 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, cu_seqlens, activation):
-        problem = validate_forward(x, weight, bias, cu_seqlens, activation, None)
+        plan = _forward_plan(x, weight, bias, cu_seqlens, activation, None)
         y = torch.empty_like(x)
-        if problem.tokens:
-            _forward_into(problem, x, weight, bias, cu_seqlens, y)
-        ctx.problem = problem
+        if plan.problem.tokens:
+            _forward_into(plan, x, weight, bias, cu_seqlens, y)
+        ctx.plan = plan
         ctx.save_for_backward(x, weight, bias, cu_seqlens)
         return y
 
@@ -205,9 +218,9 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, bias, cu_seqlens = ctx.saved_tensors
         # Upstream gradients may be broadcast views (e.g. from .sum()); the kernel reads
-        # dense rows, so this internal copy is needed (inputs were checked in forward).
-        dy = dy.contiguous()
-        dx, dweight, dbias = _backward(ctx.problem, dy, x, weight, bias, cu_seqlens,
+        # dense rows, so this internal copy is needed (inputs were checked in forward, and
+        # autograd gives dy y's shape, dtype and device).
+        dx, dweight, dbias = _backward(ctx.plan, dy.contiguous(), x, weight, bias, cu_seqlens,
                                        weight.dtype)
         return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dweight, 2: dbias})
 

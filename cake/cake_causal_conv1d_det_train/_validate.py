@@ -1,9 +1,15 @@
 """Host-side validation of the causal conv1d entries: every check runs before any launch and
-raises ``TypeError``/``ValueError`` naming the argument (shared helpers in ``core.host``)."""
+raises ``TypeError``/``ValueError`` naming the argument (shared helpers in ``core.host``).
+
+``validate_*`` run in full the first time a call signature is seen (``host.signature``);
+``recheck_*`` run on every later call with that signature: the checks that read more than the
+signature (cu_seqlens' values, overlap of outputs with inputs, the workspace's address).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 
@@ -17,7 +23,8 @@ _X_SHAPE = "[S, C] (with cu_seqlens or one document) or [B, T, C] (B documents o
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """What one call computes, as the router and the entries need it."""
+    """What one call computes, as the router and the entries need it (built once per call
+    signature: the fast path keeps it with the call's plan)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -79,14 +86,28 @@ def validate_forward(x, weight, bias, cu_seqlens, activation, out) -> Problem:
     problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
     if out is not None:
         host.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
-        host.check_disjoint({"out": out}, {"x": x, "weight": weight, "bias": bias,
-                                           "cu_seqlens": cu_seqlens})
+        _check_forward_disjoint(x, weight, bias, cu_seqlens, out)
     return problem
 
 
-def validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype,
-                      dx, dweight, dbias, workspace, workspace_bytes) -> Problem:
+def recheck_forward(x, weight, bias, cu_seqlens, out, problem: Problem) -> None:
+    if cu_seqlens is not None:
+        host.check_cu_seqlens_values("cu_seqlens", cu_seqlens, tokens=problem.tokens)
+    if out is not None:
+        _check_forward_disjoint(x, weight, bias, cu_seqlens, out)
+
+
+def _check_forward_disjoint(x, weight, bias, cu_seqlens, out) -> None:
+    host.check_disjoint({"out": out}, {"x": x, "weight": weight, "bias": bias,
+                                       "cu_seqlens": cu_seqlens})
+
+
+def validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight,
+                      dbias, workspace, workspace_need: Callable[[Problem], int]) -> Problem:
+    """``workspace_need(problem)`` gives the bytes the routed program needs; it is asked (once,
+    as soon as the problem is known) only when a workspace is given."""
     problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
+    need = workspace_need(problem) if workspace is not None else 0
     host.check_tensor("dy", dy, dtypes=(x.dtype,), ndims=(x.dim(),), shape_hint="like x")
     host.check_same_device("x", x, {"dy": dy})
     if dy.shape != x.shape:
@@ -94,21 +115,36 @@ def validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype,
     if grad_dtype not in (torch.float32, weight.dtype):
         raise ValueError(f"grad_dtype: expected torch.float32 or the weight's dtype "
                          f"{weight.dtype}, got {grad_dtype!r}")
-    outputs = {}
     if dx is not None:
-        outputs["dx"] = host.check_output("dx", dx, shape=x.shape, dtype=x.dtype, device=x.device)
+        host.check_output("dx", dx, shape=x.shape, dtype=x.dtype, device=x.device)
     if dweight is not None:
-        outputs["dweight"] = host.check_output("dweight", dweight, shape=weight.shape,
-                                               dtype=grad_dtype, device=x.device)
+        host.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype,
+                          device=x.device)
     if dbias is not None:
         if bias is None:
             raise ValueError("dbias: given, but there is no bias")
-        outputs["dbias"] = host.check_output("dbias", dbias, shape=bias.shape, dtype=grad_dtype,
-                                             device=x.device)
+        host.check_output("dbias", dbias, shape=bias.shape, dtype=grad_dtype, device=x.device)
     if workspace is not None:
-        outputs["workspace"] = host.check_workspace(
-            workspace, device=x.device, need=workspace_bytes,
-            query="cake_causal_conv1d_det_train_backward_workspace_bytes")
+        host.check_workspace(workspace, device=x.device, need=need,
+                             query="cake_causal_conv1d_det_train_backward_workspace_bytes")
+    _check_backward_disjoint(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace)
+    return problem
+
+
+def recheck_backward(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
+                     problem: Problem) -> None:
+    if cu_seqlens is not None:
+        host.check_cu_seqlens_values("cu_seqlens", cu_seqlens, tokens=problem.tokens)
+    if workspace is not None:
+        host.check_workspace_aligned(workspace)
+    if dx is not None or dweight is not None or dbias is not None or workspace is not None:
+        _check_backward_disjoint(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace)
+
+
+def _check_backward_disjoint(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
+                             workspace) -> None:
+    outputs = {name: value for name, value in (("dx", dx), ("dweight", dweight),
+                                               ("dbias", dbias), ("workspace", workspace))
+               if value is not None}
     host.check_disjoint(outputs, {"dy": dy, "x": x, "weight": weight, "bias": bias,
                                   "cu_seqlens": cu_seqlens})
-    return problem

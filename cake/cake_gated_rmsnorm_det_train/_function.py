@@ -16,10 +16,9 @@ from typing import Optional
 import torch
 
 from ..core import host
-from ..core.rmsnorm import Programs
-from ._validate import validate_backward, validate_forward
+from ..core.rmsnorm import Programs, upstream_gradients
 
-_PROGRAMS = Programs(__file__)
+_PROGRAMS = Programs(__file__, gated=True)
 _FORWARD_ARITY = 6  # x, g, weight, residual, eps, weight_offset
 
 
@@ -55,8 +54,10 @@ def cake_gated_rmsnorm_det_train_forward(
         >>> w = torch.rand(2048, device="cuda", dtype=torch.float32)
         >>> y, _, rstd = cake_gated_rmsnorm_det_train_forward(x, g, w)
     """
-    problem = validate_forward(x, g, weight, residual, eps, weight_offset, out, residual_out, rstd)
-    return _PROGRAMS.forward(problem, x=x, gate=g, weight=weight, residual=residual, eps=eps,
+    plan = _PROGRAMS.forward_plan(x=x, gate=g, weight=weight, residual=residual, eps=eps,
+                                  weight_offset=weight_offset, out=out, residual_out=residual_out,
+                                  rstd=rstd)
+    return _PROGRAMS.forward(plan, x=x, gate=g, weight=weight, residual=residual, eps=eps,
                              weight_offset=weight_offset, out=out, residual_out=residual_out,
                              rstd=rstd)
 
@@ -90,13 +91,11 @@ def cake_gated_rmsnorm_det_train_backward(
         >>> dy = torch.randn_like(x)
         >>> dx, dg, _, dw = cake_gated_rmsnorm_det_train_backward(dy, x, g, w, rstd)
     """
-    need = 0
-    if workspace is not None:
-        problem = validate_forward(x, g, weight, None, None, weight_offset, None, None, None)
-        need = _PROGRAMS.workspace_bytes(problem)
-    problem = validate_backward(dy, x, g, weight, rstd, dsum, weight_offset, has_residual,
-                                grad_dtype, dx, dg, dresidual, dweight, workspace, need)
-    return _PROGRAMS.backward(problem, dy=dy, x=x, gate=g, weight=weight, rstd=rstd, dsum=dsum,
+    plan = _PROGRAMS.backward_plan(dy=dy, x=x, gate=g, weight=weight, rstd=rstd, dsum=dsum,
+                                   weight_offset=weight_offset, has_residual=has_residual,
+                                   grad_dtype=grad_dtype, dx=dx, dg=dg, dresidual=dresidual,
+                                   dweight=dweight, workspace=workspace)
+    return _PROGRAMS.backward(plan, dy=dy, x=x, gate=g, weight=weight, rstd=rstd, dsum=dsum,
                               weight_offset=weight_offset, grad_dtype=grad_dtype, dx=dx, dg=dg,
                               dresidual=dresidual, dweight=dweight, workspace=workspace)
 
@@ -110,8 +109,7 @@ def cake_gated_rmsnorm_det_train_backward_workspace_bytes(x: torch.Tensor, g: to
         >>> n = cake_gated_rmsnorm_det_train_backward_workspace_bytes(x, g, w)
         >>> ws = torch.empty(n, dtype=torch.uint8, device="cuda")
     """
-    return _PROGRAMS.workspace_bytes(
-        validate_forward(x, g, weight, None, None, 0.0, None, None, None))
+    return _PROGRAMS.workspace_bytes(x=x, gate=g, weight=weight)
 
 
 def is_cake_gated_rmsnorm_det_train_supported(device: Optional[torch.device | int] = None, *,
@@ -135,10 +133,12 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, g, weight, residual, eps, weight_offset):
-        problem = validate_forward(x, g, weight, residual, eps, weight_offset, None, None, None)
-        y, s, rstd = _PROGRAMS.forward(problem, x=x, gate=g, weight=weight, residual=residual,
+        plan = _PROGRAMS.forward_plan(x=x, gate=g, weight=weight, residual=residual, eps=eps,
+                                      weight_offset=weight_offset)
+        y, s, rstd = _PROGRAMS.forward(plan, x=x, gate=g, weight=weight, residual=residual,
                                        eps=eps, weight_offset=weight_offset)
         ctx.set_materialize_grads(False)
+        ctx.plan = plan
         ctx.has_residual = residual is not None
         ctx.weight_offset = weight_offset
         ctx.save_for_backward(x if s is None else s, g, weight, rstd)
@@ -147,20 +147,10 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dsum=None):
         s, g, weight, rstd = ctx.saved_tensors
-        dx, dg, dresidual, dweight = _backward(s, g, weight, rstd, dy, dsum, ctx.weight_offset,
-                                               ctx.has_residual)
+        dx, dg, dresidual, dweight = _PROGRAMS.autograd_backward(
+            ctx.plan, s=s, gate=g, weight=weight, rstd=rstd, dy=dy, dsum=dsum,
+            weight_offset=ctx.weight_offset, has_residual=ctx.has_residual)
         return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dg, 2: dweight, 3: dresidual})
-
-
-def _backward(s, g, weight, rstd, dy, dsum, weight_offset, has_residual):
-    # Upstream gradients may be broadcast views or absent (an unused output); the kernel reads
-    # dense rows, so this internal copy is needed (the inputs were checked in forward).
-    dy = torch.zeros_like(s) if dy is None else dy.contiguous()
-    dsum = dsum.contiguous() if has_residual and dsum is not None else None
-    return cake_gated_rmsnorm_det_train_backward(dy, s, g, weight, rstd, dsum=dsum,
-                                                 has_residual=has_residual,
-                                                 weight_offset=weight_offset,
-                                                 grad_dtype=weight.dtype)
 
 
 # --------------------------------------------------------------------------- torch.compile
@@ -185,7 +175,10 @@ def _(x, g, weight, residual, eps, weight_offset):
 def _backward_op(dy: torch.Tensor, dsum: Optional[torch.Tensor], s: torch.Tensor, g: torch.Tensor,
                  weight: torch.Tensor, rstd: torch.Tensor, weight_offset: float,
                  has_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dg, dresidual, dweight = _backward(s, g, weight, rstd, dy, dsum, weight_offset, has_residual)
+    dy, dsum = upstream_gradients(s, dy, dsum, has_residual)
+    dx, dg, dresidual, dweight = cake_gated_rmsnorm_det_train_backward(
+        dy, s, g, weight, rstd, dsum=dsum, has_residual=has_residual, weight_offset=weight_offset,
+        grad_dtype=weight.dtype)
     return dx, dg, (dresidual if dresidual is not None else s.new_empty(0)), dweight
 
 

@@ -8,6 +8,10 @@ every family reports bad input the same way and none copies another's glue:
   what was expected and what came; nothing is coerced (no silent ``.contiguous()``);
 * launching: :func:`stream_handle`, :func:`is_capturing`, :func:`program_set`;
 * routing: :func:`select_program` over the manifest's ``variant``/``route`` fields;
+* the fast path: :func:`signature` keys a :class:`Memo` from what a call's static checks read
+  to its :class:`Plan` (problem, program entries, workspace size), so a repeated call skips
+  the detailed checks, the routing and the workspace query; what depends on more than the
+  signature (overlap, alignment, cu_seqlens' values) is checked on every call;
 * autograd: :func:`backward_result` builds a ``backward`` return tuple tied to forward's arity.
 
 Vendoring copies ``core`` verbatim: only relative imports, torch imported here directly.
@@ -15,7 +19,9 @@ Vendoring copies ``core`` verbatim: only relative imports, torch imported here d
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import threading
 import weakref
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -99,6 +105,11 @@ def check_workspace(value: object, *, device: torch.device, need: int, query: st
     have = value.numel() * value.element_size()
     if have < need:
         raise ValueError(f"workspace: needs {need} bytes ({query}), got {have} ({describe(value)})")
+    return check_workspace_aligned(value)
+
+
+def check_workspace_aligned(value: torch.Tensor) -> torch.Tensor:
+    """The address part of :func:`check_workspace` (the rest depends only on the signature)."""
     if value.data_ptr() % 16:
         raise ValueError("workspace: must be 16-byte aligned")
     return value
@@ -111,19 +122,34 @@ def data_pointer(tensor: torch.Tensor | None) -> int:
 
 def check_disjoint(outputs: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor | None]) -> None:
     """No output buffer shares memory with an input or another output (kernels read while
-    they write)."""
-    items = [(n, t) for n, t in list(outputs.items()) + list(inputs.items()) if t is not None]
-    for i, (out_name, out) in enumerate(items[:len(outputs)]):
-        for other_name, other in items[i + 1:]:
-            if out.numel() and other.numel() and _overlap(out, other):
+    they write). Runs on every call that passes outputs: one address range per tensor."""
+    written = _spans(outputs)
+    spans = written + _spans(inputs)
+    for i, (out_name, out_start, out_end) in enumerate(written):
+        for other_name, start, end in spans[i + 1:]:
+            if out_start < end and start < out_end:
                 raise ValueError(f"{out_name}: must not share memory with {other_name}")
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a1 = a0 + a.numel() * a.element_size()
-    b1 = b0 + b.numel() * b.element_size()
-    return a0 < b1 and b0 < a1
+def _spans(tensors: Mapping[str, torch.Tensor | None]) -> list:
+    """(name, first byte, end) of each non-empty tensor (None skipped)."""
+    spans = []
+    for name, tensor in tensors.items():
+        if tensor is not None:
+            size = tensor.nbytes
+            if size:
+                start = tensor.data_ptr()
+                spans.append((name, start, start + size))
+    return spans
+
+
+def aligned(*tensors: torch.Tensor | None, to: int = 16) -> bool:
+    """Every tensor given (None skipped) starts at a multiple of ``to`` bytes; False when a
+    value is not a tensor (such a call fails its checks anyway)."""
+    for tensor in tensors:
+        if tensor is not None and (not isinstance(tensor, torch.Tensor) or tensor.data_ptr() % to):
+            return False
+    return True
 
 
 # cu_seqlens tensors whose values were read and found valid: id -> (weakref, version, tokens).
@@ -134,11 +160,8 @@ def check_cu_seqlens(name: str, value: object, *, tokens: int, device: torch.dev
     """Validates packed-document offsets; returns the number of documents.
 
     Checked always (no device access): a 1-D contiguous int32 CUDA tensor on ``device`` with at
-    least 1 entry (N = 0 documents only for 0 tokens, which the value check enforces). Checked by reading the values (one small device-to-host copy, which waits
-    for the stream) when the current stream is not capturing a CUDA graph: starts at 0,
-    non-decreasing, ends at ``tokens``. A tensor that passed is remembered (by identity and its
-    version counter), so calling again with the same, unmodified tensor reads nothing. Under
-    graph capture the values cannot be read; the kernels stay memory-safe for any content.
+    least 1 entry (N = 0 documents only for 0 tokens, which the value check enforces). Then
+    :func:`check_cu_seqlens_values`.
     """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name}: expected an int32 CUDA tensor [N + 1] or None, "
@@ -152,12 +175,26 @@ def check_cu_seqlens(name: str, value: object, *, tokens: int, device: torch.dev
     if value.dim() != 1 or value.shape[0] < 1 or not value.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous 1-D tensor [N + 1] (N >= 0), "
                          f"got {describe(value)}")
+    check_cu_seqlens_values(name, value, tokens=tokens)
+    return value.shape[0] - 1
+
+
+def check_cu_seqlens_values(name: str, value: torch.Tensor, *, tokens: int) -> None:
+    """The values of a cu_seqlens tensor that passed :func:`check_cu_seqlens`' other checks:
+    starts at 0, non-decreasing, ends at ``tokens``.
+
+    Reading them is one small device-to-host copy, which waits for the stream, so it happens
+    only when the current stream is not capturing a CUDA graph. A tensor that passed is
+    remembered (by identity and its version counter), so calling again with the same,
+    unmodified tensor reads nothing. Under graph capture the values cannot be read; the
+    kernels stay memory-safe for any content.
+    """
     known = _valid_cu_seqlens.get(id(value))
     if known is not None and known[0]() is value and known[1] == value._version \
             and known[2] == tokens:
-        return value.shape[0] - 1
+        return
     if is_capturing():
-        return value.shape[0] - 1
+        return
     values = value.tolist()
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {values[0]}")
@@ -170,7 +207,6 @@ def check_cu_seqlens(name: str, value: object, *, tokens: int, device: torch.dev
     key = id(value)
     _valid_cu_seqlens[key] = (weakref.ref(value, lambda _, k=key: _valid_cu_seqlens.pop(k, None)),
                               value._version, tokens)
-    return value.shape[0] - 1
 
 
 def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
@@ -235,6 +271,115 @@ def device_arch(device: torch.device) -> str | None:
                          torch.cuda.current_device()).arch
 
 
+# --------------------------------------------------------------------------- fast path
+
+
+def signature(*values: object) -> tuple:
+    """What a call's static checks read from its arguments, as a hashable key.
+
+    A tensor gives its type, dtype, device, shape and contiguity; None gives None; any other
+    value (a flag, eps, a dtype, the activation) gives its type and itself. Two calls with equal
+    signatures pass or fail the same static checks and resolve to the same problem, so the
+    first one's validation, routing and workspace size can serve the second (:class:`Memo`).
+    Addresses (overlap, alignment) and cu_seqlens' values are not in it: those are checked
+    on every call.
+    """
+    return tuple([None if v is None else
+                  (type(v), v.dtype, v.device, v.shape, v.is_contiguous())
+                  if isinstance(v, torch.Tensor) else (type(v), v) for v in values])
+
+
+class Memo:
+    """A bounded map from a key (a :func:`signature`, or a problem) to what resolving it gave.
+
+    Only successful validations are stored, so a signature that once failed is checked in full
+    again (and raises the same error). When full, the oldest entry goes. Lookups are one
+    dictionary read; stores (the slow path) take a lock.
+    """
+
+    __slots__ = ("_found", "_limit", "_lock")
+
+    def __init__(self, limit: int = 1024):
+        self._found: dict = {}
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        try:
+            return self._found.get(key)
+        except TypeError:  # an unhashable argument (a list for a tensor): never stored
+            return None
+
+    def put(self, key, value):
+        """Stores ``value`` under ``key`` (if hashable) and returns it."""
+        try:
+            hash(key)
+        except TypeError:
+            return value
+        with self._lock:
+            if len(self._found) >= self._limit:
+                del self._found[next(iter(self._found))]
+            self._found[key] = value
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._found.clear()
+
+    def __len__(self) -> int:
+        return len(self._found)
+
+
+class Plan:
+    """What a validated problem launches with, resolved once: the entries of the program
+    serving it, the backward's workspace size and the device.
+
+    ``sizes`` are the leading arguments of the program's ``workspace_bytes`` entry (token or
+    row count first; with none there is no work and no workspace).
+    """
+
+    __slots__ = ("problem", "device", "forward", "backward", "workspace_bytes")
+
+    def __init__(self, problem, library: loader.Library, sizes: tuple[int, int]):
+        self.problem = problem
+        self.device = problem.device
+        self.forward = library.entry("forward")
+        self.backward = library.entry("backward")
+        self.workspace_bytes = 0
+        if sizes[0]:
+            out = ctypes.c_int64(-1)
+            library.entry("workspace_bytes")([*sizes, ctypes.addressof(out)], 0)
+            self.workspace_bytes = out.value
+
+
+class Plans:
+    """The :class:`Plan` of each problem of one family package, made on first use.
+
+    ``select(manifest, problem, arch)`` routes a problem to a program; ``sizes(problem)`` gives
+    the ``workspace_bytes`` entry's leading arguments.
+    """
+
+    __slots__ = ("_package_file", "_select", "_sizes", "_found")
+
+    def __init__(self, package_file: str, select, sizes):
+        self._package_file = package_file
+        self._select = select
+        self._sizes = sizes
+        self._found = Memo()
+
+    def __call__(self, problem) -> Plan:
+        plan = self._found.get(problem)
+        if plan is None:
+            programs = program_set(self._package_file)
+            program = self._select(programs.manifest, problem, device_arch(problem.device))
+            library = programs.library(program, problem.device.index)
+            plan = self._found.put(problem, Plan(problem, library, self._sizes(problem)))
+        return plan
+
+    def clear(self) -> None:
+        self._found.clear()
+
+
 # --------------------------------------------------------------------------- routing
 
 
@@ -290,7 +435,7 @@ def op_name(package: str, name: str) -> str:
 def backward_result(arity: int, grads: Mapping[int, torch.Tensor | None]) -> tuple:
     """A ``backward`` return for a forward of ``arity`` inputs: ``grads[i]`` at position i,
     None elsewhere (so adding a forward argument cannot shift the gradients)."""
-    return tuple(grads.get(i) for i in range(arity))
+    return tuple([grads.get(i) for i in range(arity)])
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,12 +12,16 @@ Argument layouts of the C entries (``csrc/include/cake/rmsnorm_binding.cuh``):
   dweight, rows, cols, weight_fp32, dweight dtype code, weight_offset (fp32 bits);
 * workspace_bytes: rows, cols, address of a host int64.
 
+Host path (as in ``core.host``): a call's signature, with whether its row tensors are 16-byte
+aligned, keys a memo of its :class:`host.Plan`; a call whose signature was seen before runs
+only the ``recheck_*`` checks (overlap, the workspace's address) and one entry call, and the
+autograd backward reuses the forward's plan.
+
 Vendoring copies ``core`` verbatim: only relative imports, torch imported here directly.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
 import numbers
@@ -41,7 +45,8 @@ _ptr = host.data_pointer
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """What one call computes, as the router and the entries need it."""
+    """What one call computes, as the router and the entries need it (built once per call
+    signature: the fast path keeps it with the call's plan)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -87,8 +92,7 @@ def _check_like(name: str, value: object, x: torch.Tensor, what: str) -> torch.T
 
 
 def _vector_ok(cols: int, element_size: int, tensors) -> bool:
-    width = VECTOR_BYTES // element_size
-    return cols % width == 0 and all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors if t is not None)
+    return cols % (VECTOR_BYTES // element_size) == 0 and host.aligned(*tensors, to=VECTOR_BYTES)
 
 
 def validate_inputs(*, x, gate, weight, residual, eps, weight_offset, gated: bool,
@@ -133,16 +137,25 @@ def validate_forward(*, x, gate, weight, residual, eps, weight_offset, gated: bo
     problem = validate_inputs(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
                               weight_offset=weight_offset, gated=gated, row_tensors=outputs)
     if rstd is not None:
-        outputs["rstd"] = host.check_output("rstd", rstd, shape=x.shape[:-1], dtype=torch.float32,
-                                            device=x.device)
-    host.check_disjoint(outputs, {"x": x, "g": gate, "weight": weight, "residual": residual})
+        host.check_output("rstd", rstd, shape=x.shape[:-1], dtype=torch.float32, device=x.device)
+    recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
+                    residual_out=residual_out, rstd=rstd)
     return problem
+
+
+def recheck_forward(*, x, gate, weight, residual, out, residual_out, rstd) -> None:
+    """What :func:`validate_forward` checks beyond the call's signature: overlap."""
+    if out is not None or residual_out is not None or rstd is not None:
+        outputs = {name: value for name, value in (("out", out), ("residual_out", residual_out),
+                                                   ("rstd", rstd)) if value is not None}
+        host.check_disjoint(outputs, {"x": x, "g": gate, "weight": weight, "residual": residual})
 
 
 def validate_backward(*, dy, x, gate, weight, rstd, dsum, weight_offset, gated: bool,
                       has_residual: bool, grad_dtype, dx, dg, dresidual, dweight, workspace,
-                      workspace_bytes) -> Problem:
-    """``workspace_bytes`` is what this problem needs (checked when ``workspace`` is given)."""
+                      workspace_need) -> Problem:
+    """``workspace_need(problem)`` gives the bytes the routed program needs; it is asked (once,
+    as soon as the problem is known) only when a workspace is given."""
     host.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
     _check_like("dy", dy, x, "like x")
     if dsum is not None:
@@ -167,18 +180,39 @@ def validate_backward(*, dy, x, gate, weight, rstd, dsum, weight_offset, gated: 
                               weight_offset=weight_offset, gated=gated,
                               row_tensors={"dy": dy, "dsum": dsum, **outputs})
     problem = dataclasses.replace(problem, has_residual=has_residual)
+    need = workspace_need(problem) if workspace is not None else 0
     if grad_dtype not in (torch.float32, weight.dtype):
         raise ValueError(f"grad_dtype: expected torch.float32 or the weight's dtype "
                          f"{weight.dtype}, got {grad_dtype!r}")
     if dweight is not None:
-        outputs["dweight"] = host.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype,
-                                               device=x.device)
+        host.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype, device=x.device)
     if workspace is not None:
-        outputs["workspace"] = host.check_workspace(
-            workspace, device=x.device, need=workspace_bytes, query="backward_workspace_bytes")
+        host.check_workspace(workspace, device=x.device, need=need, query="backward_workspace_bytes")
+    _check_backward_disjoint(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum, dx=dx,
+                             dg=dg, dresidual=dresidual, dweight=dweight, workspace=workspace)
+    return problem
+
+
+def recheck_backward(*, dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dweight,
+                     workspace) -> None:
+    """What :func:`validate_backward` checks beyond the call's signature: the workspace's
+    address and overlap."""
+    if workspace is not None:
+        host.check_workspace_aligned(workspace)
+    if dx is not None or dg is not None or dresidual is not None or dweight is not None \
+            or workspace is not None:
+        _check_backward_disjoint(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
+                                 dx=dx, dg=dg, dresidual=dresidual, dweight=dweight,
+                                 workspace=workspace)
+
+
+def _check_backward_disjoint(*, dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dweight,
+                             workspace) -> None:
+    outputs = {name: value for name, value in (("dx", dx), ("dg", dg), ("dresidual", dresidual),
+                                               ("dweight", dweight), ("workspace", workspace))
+               if value is not None}
     host.check_disjoint(outputs, {"dy": dy, "x": x, "g": gate, "weight": weight, "rstd": rstd,
                                   "dsum": dsum})
-    return problem
 
 
 # --------------------------------------------------------------------------- routing
@@ -204,38 +238,34 @@ def select(manifest: mf.Manifest, problem: Problem, arch: str | None) -> mf.Prog
 # --------------------------------------------------------------------------- launching
 
 
+def upstream_gradients(s, dy, dsum, has_residual: bool) -> tuple:
+    """An autograd backward's ``(dy, dsum)`` as the kernels read them: upstream gradients may
+    be broadcast views or absent (an unused output), and the kernels read dense rows."""
+    dy = torch.zeros_like(s) if dy is None else dy.contiguous()
+    dsum = dsum.contiguous() if has_residual and dsum is not None else None
+    return dy, dsum
+
 
 class Programs:
-    """The programs of one RMSNorm family package and its three entries.
+    """The programs of one RMSNorm family package (``gated`` or not): validated, memoised
+    plans per call signature, and the calls that allocate outputs and launch.
 
-    The entries of each (device, dtype, route, D) are resolved once and kept, so a call costs
-    one dictionary lookup on top of its checks (no path resolution or routing per call).
+    A plan is made once per problem (route, entries, workspace size) and kept per call
+    signature, so a repeated call costs its signature, one dictionary lookup, the per-call
+    checks and the entry call.
     """
 
-    def __init__(self, package_file: str):
+    def __init__(self, package_file: str, *, gated: bool):
         self._package_file = package_file
-        self._set = None
-        self._entries: dict[tuple, tuple] = {}
+        self._gated = gated
+        self.plan = host.Plans(package_file, select, lambda problem: (problem.rows, problem.cols))
+        self._forward_plans = host.Memo()
+        self._backward_plans = host.Memo()
 
-    def _programs(self):
-        if self._set is None:
-            self._set = host.program_set(self._package_file)
-        return self._set
-
-    def library(self, problem: Problem):
-        programs = self._programs()
-        program = select(programs.manifest, problem, host.device_arch(problem.device))
-        return programs.library(program, problem.device.index)
-
-    def entries(self, problem: Problem) -> tuple:
-        """``(forward, backward, workspace_bytes)`` entries of the program serving ``problem``."""
-        key = (problem.device.index, problem.dtype, problem.vector, problem.cols)
-        found = self._entries.get(key)
-        if found is None:
-            library = self.library(problem)
-            found = self._entries[key] = (library.entry("forward"), library.entry("backward"),
-                                          library.entry("workspace_bytes"))
-        return found
+    def clear(self) -> None:
+        """Forgets every plan (the next call of each signature is validated and routed again)."""
+        for memo in (self.plan, self._forward_plans, self._backward_plans):
+            memo.clear()
 
     def supported(self, device: Optional[torch.device | int], dtype: torch.dtype) -> bool:
         """A CUDA device is present and its arch is one the programs are built for."""
@@ -243,53 +273,88 @@ class Programs:
         if dtype not in DTYPES or device is None:
             return False
         arch = host.device_arch(device)
-        return any(arch in p.arches for p in self._programs().manifest.programs)
+        manifest = host.program_set(self._package_file).manifest
+        return any(arch in p.arches for p in manifest.programs)
 
-    def workspace_bytes(self, problem: Problem) -> int:
-        if problem.rows == 0:
-            return 0
-        out = ctypes.c_int64(-1)
-        self.entries(problem)[2]([problem.rows, problem.cols, ctypes.addressof(out)], 0)
-        return out.value
+    def workspace_bytes(self, *, x, gate, weight) -> int:
+        """The backward workspace for x and weight (the vector route when x allows it)."""
+        problem = validate_forward(x=x, gate=gate, weight=weight, residual=None, eps=None,
+                                   weight_offset=0.0, gated=self._gated, out=None,
+                                   residual_out=None, rstd=None)
+        return self.plan(problem).workspace_bytes
 
-    def forward_into(self, problem: Problem, *, x, gate, weight, residual, eps, weight_offset,
-                     y, residual_out, rstd) -> None:
-        if problem.rows == 0:
-            return
-        self.entries(problem)[0](
-            [_ptr(x), _ptr(residual), _ptr(gate), _ptr(weight), _ptr(y), _ptr(residual_out),
-             _ptr(rstd), problem.rows, problem.cols, int(problem.weight_fp32), fp32_bits(eps),
-             fp32_bits(weight_offset)],
-            host.stream_handle(problem.device))
+    # ----------------------------------------------------------------------- plans
 
-    def backward_into(self, problem: Problem, *, dy, x, gate, weight, rstd, dsum, weight_offset,
-                      dx, dg, dresidual, dweight, workspace) -> None:
-        size = 0 if workspace is None else workspace.numel() * workspace.element_size()
-        self.entries(problem)[1](
-            [_ptr(x), _ptr(gate), _ptr(weight), _ptr(dy), _ptr(rstd), _ptr(dsum), _ptr(dx),
-             _ptr(dresidual), _ptr(dg), _ptr(workspace), size, _ptr(dweight), problem.rows,
-             problem.cols, int(problem.weight_fp32), _DTYPE_CODES[dweight.dtype],
-             fp32_bits(weight_offset)],
-            host.stream_handle(problem.device))
+    def forward_plan(self, *, x, gate, weight, residual, eps, weight_offset, out=None,
+                     residual_out=None, rstd=None) -> host.Plan:
+        key = host.signature(x, gate, weight, residual, out, residual_out, rstd, eps,
+                             weight_offset, host.aligned(x, gate, residual, out, residual_out))
+        plan = self._forward_plans.get(key)
+        if plan is None:
+            problem = validate_forward(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
+                                       weight_offset=weight_offset, gated=self._gated, out=out,
+                                       residual_out=residual_out, rstd=rstd)
+            return self._forward_plans.put(key, self.plan(problem))
+        recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
+                        residual_out=residual_out, rstd=rstd)
+        return plan
 
-    # ----------------------------------------------------------------------- allocating calls
+    def backward_plan(self, *, dy, x, gate, weight, rstd, dsum, weight_offset, has_residual,
+                      grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
+                      workspace=None) -> host.Plan:
+        key = host.signature(dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dweight,
+                             workspace, weight_offset, has_residual, grad_dtype,
+                             host.aligned(x, gate, dy, dsum, dx, dg, dresidual))
+        plan = self._backward_plans.get(key)
+        if plan is None:
+            problem = validate_backward(
+                dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
+                weight_offset=weight_offset, gated=self._gated, has_residual=has_residual,
+                grad_dtype=grad_dtype, dx=dx, dg=dg, dresidual=dresidual, dweight=dweight,
+                workspace=workspace, workspace_need=lambda p: self.plan(p).workspace_bytes)
+            return self._backward_plans.put(key, self.plan(problem))
+        recheck_backward(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum, dx=dx,
+                         dg=dg, dresidual=dresidual, dweight=dweight, workspace=workspace)
+        return plan
 
-    def forward(self, problem: Problem, *, x, gate, weight, residual, eps, weight_offset,
+    def _autograd_backward_plan(self, plan: host.Plan, *, s, gate, dy, dsum) -> host.Plan:
+        """The plan of the backward of a forward that ran with ``plan``: the same program
+        unless the upstream gradients' addresses rule out the vector route (the forward checked
+        the inputs, and autograd gives dy and dsum the outputs' shape, dtype and device)."""
+        problem = plan.problem
+        vector = _vector_ok(problem.cols, s.element_size(), (s, gate, dy, dsum))
+        if vector == problem.vector:
+            return plan
+        return self.plan(dataclasses.replace(problem, vector=vector))
+
+    # ----------------------------------------------------------------------- launching
+
+    def forward(self, plan: host.Plan, *, x, gate, weight, residual, eps, weight_offset,
                 out=None, residual_out=None, rstd=None) -> tuple:
-        """Allocates what the caller did not give; returns (y, residual_out or None, rstd)."""
+        """Allocates what the caller did not give, launches; returns (y, residual_out or
+        None, rstd)."""
         y = torch.empty_like(x) if out is None else out
         if residual is not None and residual_out is None:
             residual_out = torch.empty_like(x)
+        problem = plan.problem
         if rstd is None:
-            rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-        self.forward_into(problem, x=x, gate=gate, weight=weight, residual=residual, eps=eps,
-                          weight_offset=weight_offset, y=y, residual_out=residual_out, rstd=rstd)
+            # x.shape[:-1] is (rows,) for 2-D x; an int size allocates faster than a Size.
+            rstd = x.new_empty(problem.rows if x.dim() == 2 else x.shape[:-1],
+                               dtype=torch.float32)
+        if problem.rows:
+            plan.forward(
+                [x.data_ptr(), _ptr(residual), _ptr(gate), weight.data_ptr(), y.data_ptr(),
+                 _ptr(residual_out), rstd.data_ptr(), problem.rows, problem.cols,
+                 int(problem.weight_fp32), fp32_bits(eps), fp32_bits(weight_offset)],
+                host.stream_handle(plan.device))
         return y, residual_out, rstd
 
-    def backward(self, problem: Problem, *, dy, x, gate, weight, rstd, dsum, weight_offset,
-                 grad_dtype, dx=None, dg=None, dresidual=None, dweight=None, workspace=None) -> tuple:
-        """Allocates what the caller did not give; returns (dx, dg, dresidual, dweight) with
-        dg None without a gate and dresidual None without a residual."""
+    def backward(self, plan: host.Plan, *, dy, x, gate, weight, rstd, dsum, weight_offset,
+                 grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
+                 workspace=None) -> tuple:
+        """Allocates what the caller did not give, launches; returns (dx, dg, dresidual,
+        dweight) with dg None without a gate and dresidual None without a residual."""
+        problem = plan.problem
         if dx is None:
             dx = torch.empty_like(x)
         if problem.gated and dg is None:
@@ -297,11 +362,25 @@ class Programs:
         if problem.has_residual and dresidual is None:
             dresidual = torch.empty_like(x)
         if dweight is None:
-            dweight = torch.empty(weight.shape, dtype=grad_dtype, device=x.device)
-        if workspace is None:
-            need = self.workspace_bytes(problem)
-            workspace = torch.empty(need, dtype=torch.uint8, device=x.device) if need else None
-        self.backward_into(problem, dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
-                           weight_offset=weight_offset, dx=dx, dg=dg, dresidual=dresidual,
-                           dweight=dweight, workspace=workspace)
+            dweight = torch.empty_like(weight, dtype=grad_dtype)
+        if workspace is not None:
+            size = workspace.nbytes
+        else:
+            size = plan.workspace_bytes
+            workspace = x.new_empty(size, dtype=torch.uint8) if size else None
+        plan.backward(
+            [x.data_ptr(), _ptr(gate), weight.data_ptr(), dy.data_ptr(), rstd.data_ptr(),
+             _ptr(dsum), dx.data_ptr(), _ptr(dresidual), _ptr(dg), _ptr(workspace), size,
+             dweight.data_ptr(), problem.rows, problem.cols, int(problem.weight_fp32),
+             _DTYPE_CODES[dweight.dtype], fp32_bits(weight_offset)],
+            host.stream_handle(plan.device))
         return dx, dg, dresidual, dweight
+
+    def autograd_backward(self, plan: host.Plan, *, s, gate, weight, rstd, dy, dsum,
+                          weight_offset, has_residual) -> tuple:
+        """The autograd backward of a forward that ran with ``plan`` (s: its normalised input),
+        gradients in the inputs' dtypes; returns what :meth:`backward` does."""
+        dy, dsum = upstream_gradients(s, dy, dsum, has_residual)
+        plan = self._autograd_backward_plan(plan, s=s, gate=gate, dy=dy, dsum=dsum)
+        return self.backward(plan, dy=dy, x=s, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
+                             weight_offset=weight_offset, grad_dtype=weight.dtype)

@@ -59,10 +59,11 @@ def garbage_cu(tokens, channels):
         cu = torch.tensor(values, dtype=torch.int32, device="cuda")
         good = validate_inputs(x, w, b, None, "silu")
         problem = type(good)(**{**good.__dict__, "num_docs": len(values) - 1, "doc_len": 0})
-        need = _function._workspace_bytes(problem)
+        plan = _function._plan(problem)
+        need = plan.workspace_bytes
         ws = torch.empty(need, dtype=torch.uint8, device="cuda")
-        _function._forward_into(problem, x, w, b, cu, y)
-        _function._backward_into(problem, dy, x, w, b, cu, dx, dw, db, ws, need)
+        _function._forward_into(plan, x, w, b, cu, y)
+        _function._backward_into(plan, dy, x, w, b, cu, dx, dw, db, ws, need)
 
 
 def main() -> int:

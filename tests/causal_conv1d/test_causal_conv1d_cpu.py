@@ -14,10 +14,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import fake_gpu  # noqa: E402
+from fake_gpu import cuda  # noqa: E402
+
+import cake.cake_causal_conv1d_det_train as conv  # noqa: E402
 from cake.core import host, jit  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
 from cake.cake_causal_conv1d_det_train import reference as ref  # noqa: E402
-from cake.cake_causal_conv1d_det_train import _routes  # noqa: E402
+from cake.cake_causal_conv1d_det_train import _function, _routes, _validate  # noqa: E402
 from cake.cake_causal_conv1d_det_train._validate import Problem  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,6 +228,154 @@ def test_check_cu_seqlens_type_checks_without_device():
 def test_backward_result_is_tied_to_arity():
     g = torch.zeros(1)
     assert host.backward_result(5, {0: g, 2: g}) == (g, None, g, None, None)
+
+
+# --------------------------------------------------------------------------- host fast path
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A simulated GPU (``fake_gpu``); the family's plans are empty before and after."""
+    memos = (_function._plan, _function._forward_plans, _function._backward_plans)
+    for memo in memos:
+        memo.clear()
+    yield fake_gpu.install(monkeypatch)
+    for memo in memos:
+        memo.clear()
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """Counts full validations of forward and backward calls."""
+    counts = {"forward": 0, "backward": 0}
+    for name in counts:
+        real = getattr(_function, f"validate_{name}")
+
+        def counted(*args, _real=real, _name=name):
+            counts[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(_function, f"validate_{name}", counted)
+    return counts
+
+
+def _conv_case(tokens=64, channels=32, bias=True):
+    torch.manual_seed(0)
+    x = cuda(torch.randn(tokens, channels).to(torch.bfloat16))
+    w = cuda(torch.randn(channels, 4).to(torch.bfloat16))
+    b = cuda(torch.randn(channels).to(torch.bfloat16)) if bias else None
+    cu = cuda(torch.tensor([0, 10, 40, tokens], dtype=torch.int32))
+    return x, w, b, cu, cuda(torch.randn(tokens, channels).to(torch.bfloat16))
+
+
+def test_a_repeated_signature_is_validated_and_routed_once(gpu, validations):
+    x, w, b, cu, dy = _conv_case()
+    for _ in range(3):
+        conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
+        conv.cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+    assert validations == {"forward": 1, "backward": 1}
+    assert len(gpu.of("workspace_bytes")) == 1  # one query per problem, not per call
+    assert len(gpu.of("forward")) == len(gpu.of("backward")) == 3
+    forward = gpu.of("forward")[-1].args
+    assert forward == [x.data_ptr(), w.data_ptr(), b.data_ptr(), cu.data_ptr(), forward[4], 64,
+                       32, 3, 0, 0]
+    backward = gpu.of("backward")[-1].args
+    assert backward[9:] == [fake_gpu.WORKSPACE_BYTES, 64, 32, 3, 0, 0, 1]
+
+
+def test_a_new_signature_is_validated_again_with_the_same_errors(gpu, validations):
+    x, w, b, cu, dy = _conv_case()
+    conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    bad_calls = [
+        (dict(weight=cuda(w.half())), TypeError, "^weight: expected dtype"),
+        (dict(x=cuda(torch.zeros(32, 64, dtype=torch.bfloat16).t())), ValueError,
+         "^x: expected a contiguous"),
+        (dict(bias=cuda(b[:3].contiguous())), ValueError, "^bias: expected"),
+        (dict(cu_seqlens=cuda(cu.long())), TypeError, "^cu_seqlens: expected dtype int32"),
+        (dict(x=[[0.0] * 32] * 64), TypeError, "^x: expected a torch.Tensor"),
+        (dict(activation="gelu"), ValueError, "^activation: expected one of"),
+    ]
+    for change, error, match in bad_calls:
+        args = {**dict(x=x, weight=w, bias=b, cu_seqlens=cu, activation="silu"), **change}
+        messages = []
+        for _ in range(2):  # a failed signature is not remembered: the same error again
+            with pytest.raises(error, match=match) as raised:
+                conv.cake_causal_conv1d_det_train_forward(**args)
+            messages.append(str(raised.value))
+        with pytest.raises(error) as direct:  # exactly what the validation itself says
+            _validate.validate_forward(*args.values(), None)
+        assert messages == [str(direct.value)] * 2
+    assert validations["forward"] == 1 + 2 * len(bad_calls)
+    assert len(gpu.of("forward")) == 1
+
+
+def test_cu_seqlens_values_are_read_again_after_a_change(gpu, validations, monkeypatch):
+    x, w, b, cu, dy = _conv_case()
+    reads = []
+    monkeypatch.setattr(host, "is_capturing", lambda: reads.append(1) or False)
+    conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    assert len(reads) == 1  # unchanged: read once
+    cu[2] = 5  # in place: same signature, new values
+    with pytest.raises(ValueError, match=r"^cu_seqlens: must be non-decreasing, but entry 2 "
+                                         r"\(5\) < entry 1 \(10\)"):
+        conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    with pytest.raises(ValueError, match="^cu_seqlens: must be non-decreasing"):
+        conv.cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+    cu[2] = 40
+    conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    other = cuda(torch.tensor([0, 10, 40, 63], dtype=torch.int32))  # same signature
+    with pytest.raises(ValueError, match="^cu_seqlens: must end at the token count 64, got 63"):
+        conv.cake_causal_conv1d_det_train_forward(x, w, b, other)
+    assert validations["forward"] == 1 and len(gpu.of("forward")) == 3
+
+
+def test_outputs_overlapping_inputs_are_refused_on_the_fast_path(gpu, validations):
+    x, w, b, cu, dy = _conv_case()
+    y = cuda(torch.empty_like(x))
+    dx, dw, db = cuda(torch.empty_like(x)), cuda(torch.empty(32, 4)), cuda(torch.empty(32))
+    workspace = cuda(torch.empty(fake_gpu.WORKSPACE_BYTES, dtype=torch.uint8))
+    conv.cake_causal_conv1d_det_train_forward(x, w, b, cu, out=y)
+    conv.cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, dx=dx, dweight=dw, dbias=db,
+                                               workspace=workspace)
+    with pytest.raises(ValueError, match="^out: must not share memory with x"):
+        conv.cake_causal_conv1d_det_train_forward(x, w, b, cu, out=x)
+    with pytest.raises(ValueError, match="^dx: must not share memory with dy"):
+        conv.cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, dx=dy, dweight=dw, dbias=db,
+                                                   workspace=workspace)
+    with pytest.raises(ValueError, match="^workspace: must not share memory with x"):
+        conv.cake_causal_conv1d_det_train_backward(
+            dy, x, w, b, cu, dx=dx, dweight=dw, dbias=db,
+            workspace=cuda(x.view(torch.uint8).view(-1)[:fake_gpu.WORKSPACE_BYTES]))
+    shifted = cuda(torch.empty(fake_gpu.WORKSPACE_BYTES + 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="^workspace: must be 16-byte aligned"):
+        conv.cake_causal_conv1d_det_train_backward(
+            dy, x, w, b, cu, dx=dx, dweight=dw, dbias=db,
+            workspace=cuda(shifted[1:1 + fake_gpu.WORKSPACE_BYTES]))
+    assert validations == {"forward": 1, "backward": 1}  # all refused on the fast path
+    assert len(gpu.of("forward")) == len(gpu.of("backward")) == 1
+    assert len(gpu.of("workspace_bytes")) == 1  # given a workspace: one query, not two
+
+
+def test_a_small_workspace_is_refused(gpu):
+    x, w, b, cu, dy = _conv_case()
+    with pytest.raises(ValueError, match=rf"^workspace: needs {fake_gpu.WORKSPACE_BYTES} bytes"):
+        conv.cake_causal_conv1d_det_train_backward(
+            dy, x, w, b, cu, workspace=cuda(torch.empty(16, dtype=torch.uint8)))
+    assert len(gpu.of("workspace_bytes")) == 1 and not gpu.of("backward")
+
+
+def test_autograd_backward_reuses_the_forward_plan(gpu, validations):
+    x, w, b, cu, dy = _conv_case()
+    leaves = [cuda(t.detach()).requires_grad_() for t in (x, w, b)]
+    for _ in range(2):
+        conv.cake_causal_conv1d_det(*leaves, cu).backward(dy.as_subclass(torch.Tensor))
+    assert validations == {"forward": 1, "backward": 0}
+    assert len(gpu.of("workspace_bytes")) == 1 and len(gpu.of("backward")) == 2
+    args = gpu.of("backward")[-1].args
+    assert args[:4] == [t.data_ptr() for t in (*leaves, cu)]
+    assert args[9:] == [fake_gpu.WORKSPACE_BYTES, 64, 32, 3, 0, 0, 0]  # bf16 gradients
+    assert [leaf.grad.shape for leaf in leaves] == [(64, 32), (32, 4), (32,)]
 
 
 # --------------------------------------------------------------------------- names

@@ -6,6 +6,7 @@ nvcc for sm_90a, and for arch selection the repository's own manifests too.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import shutil
@@ -110,6 +111,28 @@ def test_entry_reports_the_programs_error_message(package):
         scale([0, 1, 2], 0)
     with pytest.raises(RuntimeError, match="n must be >= 0, got -5"):
         scale([0, -5], 0)
+    with pytest.raises(ValueError, match=rf"^{program.library}_scale: 65 arguments, more than 64"):
+        scale([0] * 65, 0)
+
+
+def test_entries_keep_arguments_and_messages_per_thread(package):
+    """ctypes releases the GIL during a call: threads calling at once must each see their own
+    arguments and message (each thread has its own argument array and message buffer)."""
+    programs = programs_of(package)
+    scale = programs.library(programs.manifest.programs[0], 0).entry("scale")
+
+    def calls(n: int) -> set[str]:
+        seen = set()
+        for _ in range(2000):
+            try:
+                scale([0, -n], 0)
+            except RuntimeError as error:
+                seen.add(str(error).rsplit(" ", 1)[-1])
+        return seen
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(calls, range(1, 9)))
+    assert results == [{f"-{n}"} for n in range(1, 9)]
 
 
 def test_a_prebuilt_library_is_preferred_and_verified(package):

@@ -14,9 +14,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import fake_gpu  # noqa: E402
+from fake_gpu import cuda  # noqa: E402
+from rmsnorm_families import FAMILIES  # noqa: E402
+
 from cake.core import jit, rmsnorm  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
+from cake.cake_gated_rmsnorm_det_train import _function as gated_function  # noqa: E402
 from cake.cake_gated_rmsnorm_det_train import reference as gated_ref  # noqa: E402
+from cake.cake_rmsnorm_det_train import _function as plain_function  # noqa: E402
 from cake.cake_rmsnorm_det_train import reference as plain_ref  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,6 +150,157 @@ def test_validation_rejects_cpu_tensors_first():
         rmsnorm.validate_forward(x=[[1.0] * 8] * 4, gate=None, weight=torch.ones(8),
                                  residual=None, eps=1e-6, weight_offset=0.0, gated=False,
                                  out=out, residual_out=None, rstd=None)
+
+
+# --------------------------------------------------------------------------- host fast path
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A simulated GPU (``fake_gpu``); both families' plans are empty before and after."""
+    programs = (plain_function._PROGRAMS, gated_function._PROGRAMS)
+    for family in programs:
+        family.clear()
+    yield fake_gpu.install(monkeypatch)
+    for family in programs:
+        family.clear()
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """Counts full validations of forward and backward calls (both families)."""
+    counts = {"forward": 0, "backward": 0}
+    for name in counts:
+        real = getattr(rmsnorm, f"validate_{name}")
+
+        def counted(_real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(**kwargs)
+
+        monkeypatch.setattr(rmsnorm, f"validate_{name}", counted)
+    return counts
+
+
+def _rows(rows, cols, *, offset=0, dtype=torch.bfloat16):
+    """A [rows, cols] tensor starting ``offset`` elements into a fresh (aligned) buffer."""
+    return cuda(torch.randn(rows * cols + offset).to(dtype)[offset:].view(rows, cols))
+
+
+def _rms_case(rows=8, cols=64):
+    torch.manual_seed(0)
+    return _rows(rows, cols), _rows(rows, cols), cuda(torch.rand(cols).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_rmsnorm_repeated_signature_is_validated_and_routed_once(gpu, validations, family):
+    x, g, w = _rms_case()
+    offsets = (0.0, -0.0, 0.0)  # equal, so one signature; the sign still reaches the program
+    for offset in offsets:
+        y, _, rstd = family.forward(x, g, w, eps=1e-5, weight_offset=offset)
+        family.backward(cuda(torch.randn_like(y)), x, g, w, cuda(rstd), weight_offset=offset)
+    assert validations == {"forward": 1, "backward": 1}
+    assert len(gpu.of("workspace_bytes")) == 1  # one query per problem, not per call
+    forward, backward = gpu.of("forward"), gpu.of("backward")
+    assert [launch.args[7:] for launch in forward] == \
+        [[8, 64, 0, rmsnorm.fp32_bits(1e-5), rmsnorm.fp32_bits(offset)] for offset in offsets]
+    assert [launch.args[-1] for launch in backward] == \
+        [rmsnorm.fp32_bits(offset) for offset in offsets]
+    assert rmsnorm.fp32_bits(-0.0) != rmsnorm.fp32_bits(0.0)
+    assert backward[-1].args[10] == fake_gpu.WORKSPACE_BYTES
+    assert {launch.variant["load"] for launch in gpu} == {"vector"}
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_rmsnorm_route_follows_alignment_on_the_fast_path(gpu, validations, family):
+    x, g, w = _rms_case()
+    misaligned = _rows(8, 64, offset=1)
+    for tensor in (x, misaligned, x, misaligned):
+        family.forward(tensor, g, w)
+    assert [launch.variant["load"] for launch in gpu.of("forward")] == \
+        ["vector", "scalar", "vector", "scalar"]
+    assert validations["forward"] == 2
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_rmsnorm_new_signature_is_validated_again_with_the_same_errors(gpu, validations, family):
+    x, g, w = _rms_case()
+    family.forward(x, g, w, eps=1)
+    bad_calls = [
+        (dict(eps=True), TypeError, "^eps: expected a float, got bool"),  # True == 1
+        (dict(eps=0.0), ValueError, "^eps: expected a value > 0"),
+        (dict(eps=1e-50), ValueError, "^eps: expected a value > 0"),
+        (dict(weight_offset=float("nan")), ValueError, "^weight_offset: expected a finite"),
+        (dict(w=cuda(torch.rand(32).to(torch.bfloat16))), ValueError, r"^weight: expected \[D\]"),
+        (dict(x=cuda(torch.zeros(64, 8, dtype=torch.bfloat16).t())), ValueError,
+         "^x: expected a contiguous"),
+    ]
+    for change, error, match in bad_calls:
+        args = {**dict(x=x, w=w, eps=1, weight_offset=0.0), **change}
+        messages, before = [], validations["forward"]
+        for _ in range(2):  # a failed signature is not remembered: the same error again
+            with pytest.raises(error, match=match) as raised:
+                family.forward(args["x"], g, args["w"], eps=args["eps"],
+                               weight_offset=args["weight_offset"])
+            messages.append(str(raised.value))
+        assert validations["forward"] == before + 2
+        with pytest.raises(error) as direct:  # exactly what the validation itself says
+            rmsnorm.validate_forward(x=args["x"], gate=g if family.gated else None,
+                                     weight=args["w"], residual=None, eps=args["eps"],
+                                     weight_offset=args["weight_offset"], gated=family.gated,
+                                     out=None, residual_out=None, rstd=None)
+        assert messages == [str(direct.value)] * 2
+    assert len(gpu.of("forward")) == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_rmsnorm_outputs_overlapping_inputs_are_refused_on_the_fast_path(gpu, validations,
+                                                                        family):
+    x, g, w = _rms_case()
+    out, rstd = _rows(8, 64), cuda(torch.empty(8))
+    family.forward(x, g, w, out=out, rstd=rstd)
+    with pytest.raises(ValueError, match="^out: must not share memory with x"):
+        family.forward(x, g, w, out=x, rstd=rstd)
+    with pytest.raises(ValueError, match="^rstd: must not share memory with x"):
+        family.forward(x, g, w, out=out, rstd=cuda(x.view(torch.float32).view(-1)[:8]))
+    dy, dx, dg = _rows(8, 64), _rows(8, 64), _rows(8, 64)
+    dw = cuda(torch.empty(64))
+    workspace = cuda(torch.empty(fake_gpu.WORKSPACE_BYTES, dtype=torch.uint8))
+    family.backward(dy, x, g, w, rstd, dx=dx, dg=dg, dweight=dw, workspace=workspace)
+    with pytest.raises(ValueError, match="^dx: must not share memory with dy"):
+        family.backward(dy, x, g, w, rstd, dx=dy, dg=dg, dweight=dw, workspace=workspace)
+    shifted = cuda(torch.empty(fake_gpu.WORKSPACE_BYTES + 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="^workspace: must be 16-byte aligned"):
+        family.backward(dy, x, g, w, rstd, dx=dx, dg=dg, dweight=dw,
+                        workspace=cuda(shifted[8:8 + fake_gpu.WORKSPACE_BYTES]))
+    assert validations == {"forward": 1, "backward": 1}  # all refused on the fast path
+    assert len(gpu.of("forward")) == len(gpu.of("backward")) == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_rmsnorm_workspace_is_sized_for_the_backward_route(gpu, family):
+    """x allows the vector route, dy does not: the size comes from the program that runs."""
+    x, g, w = _rms_case()
+    rstd, dy = cuda(torch.empty(8)), _rows(8, 64, offset=1)
+    workspace = cuda(torch.empty(fake_gpu.WORKSPACE_BYTES, dtype=torch.uint8))
+    family.backward(dy, x, g, w, rstd, workspace=workspace)
+    assert [(launch.entry, launch.variant["load"]) for launch in gpu] == \
+        [("workspace_bytes", "scalar"), ("backward", "scalar")]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm_autograd_backward_reuses_the_forward_plan(gpu, validations, family, residual):
+    x, g, w = _rms_case()
+    leaves = [cuda(t.detach()).requires_grad_() for t in (x, g, w)]
+    r = cuda(torch.randn(8, 64).to(torch.bfloat16)).requires_grad_() if residual else None
+    for dy in (torch.randn(8, 64).to(torch.bfloat16),
+               torch.randn(8 * 64 + 1).to(torch.bfloat16)[1:].view(8, 64)):  # misaligned
+        out = family.functional(leaves[0], leaves[1], leaves[2], r)
+        (out[0] if residual else out).backward(dy)
+    assert validations == {"forward": 1, "backward": 0}
+    assert [launch.variant["load"] for launch in gpu.of("backward")] == ["vector", "scalar"]
+    assert len(gpu.of("workspace_bytes")) == 2  # one per program
+    assert leaves[2].grad.shape == (64,) and (r is None or r.grad.shape == (8, 64))
 
 
 # --------------------------------------------------------------------------- names
