@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device call for the RMSNorm families: JIT all programs, GPU tests, compute-sanitizer,
 # benchmark. On the GPU machine, from the repository root (fla-core and liger-kernel wheels in .whl/):
-#   bash tests/rmsnorm/h200_run.sh [tests|quick|sanitize|host|bench|small ...]   (default: tests sanitize bench)
-# quick: the tests without the two slow ones (processes, torch.compile). Step time limits come
-# from TESTS_TIMEOUT, SANITIZE_TIMEOUT, BENCH_TIMEOUT; BENCH_ITERS sets the samples per figure.
+#   bash tests/rmsnorm/h200_run.sh [tests|quick|sanitize|host|bench|small|tune ...]   (default: tests sanitize bench)
+# quick: the tests without the two slow ones (processes, torch.compile). tune: the knob sweep
+# (tools/bench/rmsnorm.py --tune; no peers needed). Step time limits come from TESTS_TIMEOUT,
+# SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the samples per
+# figure, TUNE_VARIANTS a comma-separated subset of the sweep.
 set -o pipefail
 export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -19,7 +21,7 @@ for step in $steps; do
   case $step in
     tests|quick)
       select=(); [[ $step == quick ]] && select=(-k "not processes and not torch_compile")
-      timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m "not nvcc" --maxfail=30 --durations=8 tests/rmsnorm -p no:cacheprovider "${select[@]}" \
+      timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -m "not nvcc" --maxfail=30 --durations=8 tests/rmsnorm -p no:cacheprovider "${select[@]}" \
              2>&1 | tee "$OUT/pytest.log" | grep -v "^tests/.* PASSED" | tail -45 ;;
     sanitize)
       for tool in memcheck racecheck; do
@@ -31,5 +33,8 @@ for step in $steps; do
     host) timeout 60 python3 tools/bench/rmsnorm.py --host 2>&1 | tee "$OUT/host.log" | tail -12 ;;
     small) timeout ${BENCH_TIMEOUT:-100} python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
              2>&1 | tee "$OUT/bench_small.log" | tail -30 ;;
+    tune) timeout ${TUNE_TIMEOUT:-280} python3 tools/bench/rmsnorm.py --tune --iters ${TUNE_ITERS:-15} \
+            ${TUNE_VARIANTS:+--variants "$TUNE_VARIANTS"} --json "$OUT/tune.json" \
+            2>&1 | tee "$OUT/tune.log" | tail -150 ;;
   esac
 done

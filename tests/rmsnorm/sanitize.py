@@ -4,11 +4,11 @@
     compute-sanitizer --tool memcheck  --error-exitcode 1 python tests/rmsnorm/sanitize.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/rmsnorm/sanitize.py
 
-Covers both families; bf16, fp16 and fp32; the vector and scalar routes (D % 8 != 0 and a
-misaligned x); narrow (16 elements a thread, several row groups a CTA, tpr < 32, = 32, > 32)
-and wide (D > 8192) instances; residual and dsum; fp32 and activation-dtype weights and weight
-gradients; T = 0, 1 and a partial last band. Exits 0 after a device synchronize; sanitizer
-findings set the exit code.
+Covers both families; bf16, fp16 and fp32; the aligned and unaligned routes (D % 8 != 0 and a
+misaligned x), up to the widest rows; narrow (16 elements a thread, several row groups a CTA,
+tpr < 32, = 32, > 32) and wide (D > 8192) instances; more steps per CTA than ring slots;
+residual and dsum; fp32 and activation-dtype weights and weight gradients; T = 0, 1 and a
+partial last band. Exits 0 after a device synchronize; sanitizer findings set the exit code.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ def main() -> int:
         run(family, 9, 16384, residual=True, grad_weight=True)     # wide
         run(family, 5, 12000, dtype=torch.float32)                 # wide, fp32
         run(family, 1100, 64)                                      # 69 bands, last one partial
+        run(family, 5000, 1024, residual=True)                     # 2-4 steps a CTA
+        run(family, 3, 16384, misaligned=True, residual=True)      # unaligned, wide
+        run(family, 5, 8199, dtype=torch.float32)                  # unaligned fp32 (cp.async), wide
     torch.cuda.synchronize()
     print("sanitize: done")
     return 0

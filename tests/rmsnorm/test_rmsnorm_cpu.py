@@ -361,9 +361,15 @@ def _call(compiled, name, entry, args):
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_bytes_entry(compiled, name):
+    """One fp32 partial row (D rounded up to 4) per backward band: at most the table's
+    CAKE_BACKWARD_BANDS bands of at least 16 rows."""
+    bands = _table(name).specs[0].params["CAKE_BACKWARD_BANDS"]
     out = ctypes.c_int64(-1)
-    for rows, cols, ctas in ((0, 8, 0), (1, 8, 1), (16, 8, 1), (17, 8, 2), (16384, 4096, 1024),
-                             (16385, 16, 964), (65536, 1024, 1024), (10 ** 7, 16384, 1024)):
+    for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (16 * bands, 4096), (16 * bands + 1, 16),
+                       (65536, 1024), (10 ** 7, 16384)):
+        per = max(16, -(-rows // bands))
+        ctas = -(-rows // per)
+        assert ctas <= bands and (rows == 0) == (ctas == 0)
         assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)]) == (0, "")
         assert out.value == ctas * ((cols + 3) // 4 * 4) * 4, (rows, cols)
     status, message = _call(compiled, name, "workspace_bytes", [10, 12, ctypes.addressof(out)])

@@ -9,7 +9,7 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on the st
   and a tree of at most 10 levels (< 50 u, u = 2^-24 ~ 6e-8), rsqrtf and __expf add a few ulp,
   so 2e-5 * envelope for y, rstd, dx and dg;
 * dweight is one fp32 chain per column: the rows of a CTA's band (``rows_per_cta``), its row
-  groups (<= 256) and the CTA partials (32 segments of <= 32, then 32): we allow
+  groups (<= 256) and the CTA partials (128 segments of <= 16, then a 7-level tree): we allow
   (rows_per_cta + 400) * 2 u of the envelope sum |dn * xhat|, at least 5e-5;
 * 1e-7 absolute for fp16 subnormals.
 """
@@ -17,6 +17,7 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on the st
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -31,14 +32,28 @@ from rmsnorm_families import FAMILIES  # noqa: E402
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 RTOL = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -10, torch.float32: 0.0}
-DIMS = [1, 7, 64, 127, 128, 4096, 5120, 8192, 16384]
+# Every D band edge of the instances (8, 16 or 32 elements a thread; up to 256 or 512 threads a
+# row), unaligned ends (7, 127, 8199) and the widest rows.
+DIMS = [1, 7, 64, 127, 128, 2048, 2056, 4096, 4104, 5120, 8192, 8199, 8200, 16384]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 U = 2.0 ** -24
 
 
+def _backward_bands() -> int:
+    """CAKE_BACKWARD_BANDS of the programs (tools/families/cake_rmsnorm_det_train.py)."""
+    path = REPO / "tools" / "families" / "cake_rmsnorm_det_train.py"
+    spec = importlib.util.spec_from_file_location("_rmsnorm_table", path)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    return table.TUNING["CAKE_BACKWARD_BANDS"]
+
+
+BANDS = _backward_bands()
+
+
 def rows_per_cta(rows: int) -> int:
     """The kernels' backward band (csrc/include/cake/rmsnorm_common.cuh), for the tolerance."""
-    return max(16, -(-rows // 1024))
+    return max(16, -(-rows // BANDS))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -195,11 +210,13 @@ def test_edge_rows(family, rows, cols):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-def test_scalar_route_for_misaligned_rows(family, dtype):
-    """x at an odd element offset: D is a multiple of 8 but 16-byte loads are impossible."""
+@pytest.mark.parametrize("cols", [1024, 8199, 16384])
+def test_scalar_route_for_misaligned_rows(family, dtype, cols):
+    """x at an odd element offset: 16-byte loads are impossible (D = 1024, 16384: a multiple of
+    8; 8199: rows end inside a pack), up to the widest rows."""
     from cake.core import rmsnorm
 
-    rows, cols = 45, 1024
+    rows = 45
     gen = torch.Generator().manual_seed(7)
     base = torch.randn(rows * cols + 1, generator=gen).to(dtype).cuda()
     x = base[1:].view(rows, cols)
@@ -219,6 +236,23 @@ def test_scalar_route_for_misaligned_rows(family, dtype):
     _, env_dx, env_dg, env_dw = envelopes(family, x, g, w, dy, want_rstd, 0.0)
     assert_close("dx", dx, want_dx, env_dx, rtol=RTOL[dtype], env_factor=2e-5)
     assert_close("dweight", dw, want_dw, env_dw, rtol=0, env_factor=5e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_widest_rows_with_every_input(family, dtype):
+    """D = 16384 with a residual and fp32 weights: the largest shared-memory rings (fp32 gated:
+    x, g and the residual in the forward; s, dy and g in the backward)."""
+    check_case(family, (9, 16384), dtype=dtype, weight_fp32=True, residual=True, preallocate=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("cols", [1001, 1024])
+def test_many_rows_a_cta(family, dtype, cols):
+    """20000 rows: every forward CTA and backward band runs more steps than its ring has slots,
+    on both routes (D = 1001: unaligned)."""
+    check_case(family, (20000, cols), dtype=dtype, residual=cols == 1024, seed=cols)
 
 
 def test_rows_past_2_31_elements():

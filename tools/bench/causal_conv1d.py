@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,33 +157,14 @@ def run_shapes(shapes, *, iters: int, peer: bool, bench: harness.Bench, bandwidt
 
 
 def tune_libraries(tiles: dict, *, dtype: str = "bfloat16"):
-    """Renders one program per tile shape (bf16, no bias, SiLU) into a temporary tree and
-    JIT-compiles them in parallel; name -> loaded library."""
-    from cake.core import jit, loader
-    from cake.core import manifest as mf
-    from tools import render
+    """One program per tile shape (bf16, no bias, SiLU), JIT-compiled in parallel; name ->
+    loaded library (``harness.tune_libraries``)."""
     from tools.families import cake_causal_conv1d_det_train as table
 
     base = {"CAKE_DTYPE_BF16": 1 if dtype == "bfloat16" else 0, "CAKE_HAS_BIAS": False,
             "CAKE_SILU": 1}
-    specs = tuple(render.Spec(variant={"tile": name}, route={}, params=dict(base, **params))
-                  for name, params in tiles.items())
-    family = render.Family(name=table.FAMILY.name, templates=table.FAMILY.templates, specs=specs)
-    manifest, files = render.render_family(family, REPO)
-    root = Path(tempfile.mkdtemp(prefix="cake-tune-"))
-    (root / "manifests").mkdir()
-    (root / "manifests" / f"{family.name}.json").write_text(mf.to_json(manifest))
-    (root / "csrc" / family.name).mkdir(parents=True)
-    for file_name, data in files.items():
-        (root / "csrc" / family.name / file_name).write_bytes(data)
-    shutil.copytree(REPO / "csrc" / "include", root / "csrc" / "include")
-    (root / "cake" / family.name).mkdir(parents=True)
-    programs = loader.ProgramSet.for_package(root / "cake" / family.name)
-    tree = programs.tree
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda p: jit.compile_program(tree, manifest, p, "sm_90a"),
-                      manifest.programs))
-    return {p.variant["tile"]: programs.library(p, 0) for p in manifest.programs}
+    return harness.tune_libraries(
+        table.FAMILY, {name: dict(base, **params) for name, params in tiles.items()}, repo=REPO)
 
 
 def _entry_calls(lib, x, w, cu, y, dy, dx, dw):

@@ -16,14 +16,19 @@ Use::
 
 ``host_inclusive=True`` synchronizes after the flush, so the interval also holds the host work
 of the call (Python, validation, launches): the figure an eager training step sees when the
-GPU waits for the host. Torch is imported lazily; nothing here knows any family.
+GPU waits for the host. ``tune_libraries`` renders and JIT-compiles a family's templates with
+other knob values (tuning sweeps). Torch is imported lazily; nothing here knows any family.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
+import shutil
 import statistics
+import tempfile
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 FLUSH_BYTES = 256 << 20
@@ -103,6 +108,37 @@ class Bench:
         dst = torch.empty_like(src)
         timing = self.time(lambda: dst.copy_(src), warmup=3, iters=iters)
         return 2 * nbytes / (timing.median * 1e-3)
+
+
+def tune_libraries(family, params: Mapping[str, Mapping[str, object]], *, repo: Path,
+                   workers: int = 16) -> dict:
+    """Renders one program of ``family`` (a ``tools.render.Family``: its name and templates) per
+    entry of ``params`` (name -> every knob's value) into a temporary tree, JIT-compiles them
+    for GPU 0's arch, ``workers`` at a time, and loads them: name -> ``cake.core.loader.Library``.
+    The programs keep the family's name, so their digests differ from the shipped ones only
+    through the knobs."""
+    from cake.core import jit, loader
+    from cake.core import manifest as mf
+    from tools import render
+
+    specs = tuple(render.Spec(variant={"tune": name}, route={}, params=dict(knobs))
+                  for name, knobs in params.items())
+    tuned = render.Family(name=family.name, templates=family.templates, specs=specs)
+    manifest, files = render.render_family(tuned, repo)
+    root = Path(tempfile.mkdtemp(prefix="cake-tune-"))
+    (root / "manifests").mkdir()
+    (root / "manifests" / f"{tuned.name}.json").write_text(mf.to_json(manifest))
+    (root / "csrc" / tuned.name).mkdir(parents=True)
+    for file_name, data in files.items():
+        (root / "csrc" / tuned.name / file_name).write_bytes(data)
+    shutil.copytree(repo / "csrc" / "include", root / "csrc" / "include")
+    (root / "cake" / tuned.name).mkdir(parents=True)
+    programs = loader.ProgramSet.for_package(root / "cake" / tuned.name)
+    arch = loader.device(0).arch
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda p: jit.compile_program(programs.tree, manifest, p, arch),
+                      manifest.programs))
+    return {p.variant["tune"]: programs.library(p, 0) for p in manifest.programs}
 
 
 def percent_of_roofline(nbytes: float, ms: float, bandwidth: float) -> float:

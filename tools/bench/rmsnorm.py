@@ -5,6 +5,7 @@ Usage (from the repository root, on a GPU machine; fla-core and liger-kernel whe
 
     PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small]
     PYTHONPATH=. python tools/bench/rmsnorm.py --precompile   # JIT both families in parallel
+    PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; the peers of one shape interleaved A B B A; copy bandwidth of the same run as the
@@ -16,6 +17,16 @@ output (graph retained) for every peer, cake included. Bytes that must move (the
 fwd 2 T D x 2 bytes (read x, write y); bwd 3 T D x 2 (read x, dy; write dx) plus the weight
 gradient partials (cake: 1024 rows of D fp32, written and read); gated fwd 3 T D x 2; gated bwd
 5 T D x 2 plus the partials.
+
+``--tune`` sweeps the kernels' tuning knobs instead (``TUNE_VARIANTS``: one bf16 vector program
+per family and variant, rendered with other knob values and JIT-compiled in parallel): at every
+shape, every variant's fwd, bwd, gated fwd and gated bwd through the C entries with caller
+buffers (kernels only), interleaved A B B A per op; the table variant's outputs checked against
+float64 (sampled rows; dweight in full), every other variant's against the table's (bitwise, or
+within a sanity bound), outputs poisoned before. It prints, per op, % of copy bandwidth per
+variant and shape, the kernels before the shared-memory ring ("prev", from
+``tools/bench/results/2026-11-29-h200-rmsnorm.json``) and a copy of the same bytes ("copy@size",
+the small shapes' ceiling under this protocol).
 
 Peers: ``torch.nn.functional.rms_norm`` eager and ``torch.compile``d (gated: ``F.rms_norm(x) *
 F.silu(g)``, eager and compiled), FLA fla-core 0.6.0 ``fla.modules.norm.layernorm.rms_norm``
@@ -44,6 +55,13 @@ SMALL = [(65536, 2048), (65536, 8192)]
 PARTIAL_ROWS = 1024
 EPS = 1e-6
 WARMUP = 3
+
+
+def op_bytes(op: str, t: int, d: int) -> int:
+    """Bytes that must move (see the module docstring): the % copy figures of every mode."""
+    partials = 2 * PARTIAL_ROWS * d * 4
+    return {"fwd": 4 * t * d, "bwd": 6 * t * d + partials, "gated fwd": 6 * t * d,
+            "gated bwd": 10 * t * d + partials}[op]
 
 
 def precompile() -> None:
@@ -181,10 +199,10 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
         (x, g, w), plain, gated = forwards(t, d, peers, compiled)
         dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
         replays, buffers = graphed(t, d, x, g, w, dy)
-        partial_bytes = 2 * PARTIAL_ROWS * d * 4
-        for label, fns, inputs, fwd_bytes, bwd_bytes, (fwd_graph, bwd_graph) in (
-                ("fwd", plain, (x, w), 4 * t * d, 6 * t * d + partial_bytes, replays[:2]),
-                ("gated fwd", gated, (x, g, w), 6 * t * d, 10 * t * d + partial_bytes, replays[2:])):
+        for label, fns, inputs, (fwd_graph, bwd_graph) in (
+                ("fwd", plain, (x, w), replays[:2]), ("gated fwd", gated, (x, g, w), replays[2:])):
+            fwd_bytes = op_bytes(label, t, d)
+            bwd_bytes = op_bytes(label.replace("fwd", "bwd"), t, d)
             with torch.no_grad():
                 agreement = check_agreement({n: f() for n, f in fns.items()})
             timings = bench.interleaved(dict({n: (lambda f=f: f()) for n, f in fns.items()},
@@ -267,6 +285,309 @@ def host_overhead(calls: int = 300) -> list:
     return rows
 
 
+# --------------------------------------------------------------------------- tuning
+
+# Variants swept by --tune: knob overrides (csrc/templates/rmsnorm/kernel.cu) on top of each
+# family's bf16 vector tuning in its table (``tuning`` in tools/families/cake_rmsnorm_det_train.py;
+# the two families differ in CAKE_BACKWARD_STAGES), one knob at a time, and a few pairs. "table"
+# is that tuning itself (the reference of the output checks); "registers" is the design before
+# the shared-memory ring, launched as it was.
+TUNE_VARIANTS = {
+    "table": {},
+    "registers": {"CAKE_FORWARD_STAGES": 0, "CAKE_BACKWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0,
+                  "CAKE_BACKWARD_MIN_BLOCKS": 0},
+    "fwd_stages2": {"CAKE_FORWARD_STAGES": 2},
+    "fwd_stages4": {"CAKE_FORWARD_STAGES": 4},
+    "fwd_mb0": {"CAKE_FORWARD_MIN_BLOCKS": 0},
+    "fwd_mb2": {"CAKE_FORWARD_MIN_BLOCKS": 2},
+    "fwd_mb4": {"CAKE_FORWARD_MIN_BLOCKS": 4},
+    "fwd_weights_l1": {"CAKE_FORWARD_WEIGHTS": 2},
+    "fwd_weights_regs": {"CAKE_FORWARD_WEIGHTS": 1, "CAKE_FORWARD_MIN_BLOCKS": 2},
+    "bwd_stages2": {"CAKE_BACKWARD_STAGES": 2},
+    "bwd_stages3": {"CAKE_BACKWARD_STAGES": 3},
+    "bwd_stages4": {"CAKE_BACKWARD_STAGES": 4},
+    "bwd_weights_l1": {"CAKE_BACKWARD_WEIGHTS": 2, "CAKE_BACKWARD_MIN_BLOCKS": 1},
+    "bwd_weights_l1_stages2": {"CAKE_BACKWARD_WEIGHTS": 2, "CAKE_BACKWARD_MIN_BLOCKS": 1,
+                               "CAKE_BACKWARD_STAGES": 2},
+    "bwd_weights_regs": {"CAKE_BACKWARD_WEIGHTS": 1, "CAKE_BACKWARD_MIN_BLOCKS": 1},
+    "bwd_mb0": {"CAKE_BACKWARD_MIN_BLOCKS": 0},
+    "bwd_mb1": {"CAKE_BACKWARD_MIN_BLOCKS": 1},
+    "bands512": {"CAKE_BACKWARD_BANDS": 512},
+    "bands2048": {"CAKE_BACKWARD_BANDS": 2048},
+    "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
+    "row256": {"CAKE_MAX_ROW_THREADS": 256},
+    "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_MAX_ROW_THREADS": 256},
+    "cta128": {"CAKE_CTA_THREADS": 128},
+    "cta512": {"CAKE_CTA_THREADS": 512},
+    "l2_128": {"CAKE_L2_PREFETCH": 128},
+    "l2_256": {"CAKE_L2_PREFETCH": 256},
+}
+TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
+
+
+def tune_programs(variants: dict) -> dict:
+    """variant -> {"plain": library, "gated": library}: the bf16 vector program of each family
+    with the variant's knobs, JIT-compiled in parallel (``harness.tune_libraries``). Variants
+    whose knobs come out the same for a family (e.g. bwd_stages2 is the plain table) share its
+    program."""
+    from tools.families import cake_gated_rmsnorm_det_train as gated_table
+    from tools.families import cake_rmsnorm_det_train as plain_table
+
+    out = {name: {} for name in variants}
+    for key, table, gated in (("plain", plain_table, False), ("gated", gated_table, True)):
+        base = dict(plain_table.tuning("vector", gated), CAKE_DTYPE=0, CAKE_VECTOR=1,
+                    CAKE_GATED=int(gated))
+        knobs = {name: dict(base, **overrides) for name, overrides in variants.items()}
+        unique = {}
+        for name, params in knobs.items():
+            unique.setdefault(tuple(sorted(params.items())), name)
+        libraries = harness.tune_libraries(table.FAMILY, {name: knobs[name] for name in unique.values()},
+                                           repo=REPO)
+        for name, params in knobs.items():
+            out[name][key] = libraries[unique[tuple(sorted(params.items()))]]
+    return out
+
+
+class TuneCase:
+    """Inputs and caller buffers of one shape (bf16 x, g, dy and weight; fp32 rstd and dweight)
+    and closures calling a library's C entries directly (argument layouts:
+    csrc/include/cake/rmsnorm_binding.cuh)."""
+
+    def __init__(self, t: int, d: int, libraries: dict):
+        import ctypes
+        import struct
+
+        import torch
+
+        self.t, self.d = t, d
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.g = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.w = (torch.rand(d, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+        self.y, self.dx, self.dg = (torch.empty_like(self.x) for _ in range(3))
+        self.rstd = torch.empty(t, device="cuda", dtype=torch.float32)
+        self.dw = torch.empty(d, device="cuda", dtype=torch.float32)
+        need = ctypes.c_int64(-1)
+        sizes = []
+        for pair in libraries.values():
+            for library in pair.values():
+                library.entry("workspace_bytes")([t, d, ctypes.addressof(need)], 0)
+                sizes.append(need.value)
+        self.ws = torch.empty(max(sizes), device="cuda", dtype=torch.uint8)
+        self.eps_bits = struct.unpack("<i", struct.pack("<f", EPS))[0]
+
+    def call(self, library, op: str):
+        """A closure running `op` through `library` (plain for fwd/bwd, gated for gated ops)."""
+        import torch
+
+        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        gate = self.g if op.startswith("gated") else None
+        stream = torch.cuda.current_stream().cuda_stream
+        if op.endswith("fwd"):
+            entry = library.entry("forward")
+            args = [ptr(self.x), 0, ptr(gate), ptr(self.w), ptr(self.y), 0, ptr(self.rstd), self.t,
+                    self.d, 0, self.eps_bits, 0]
+        else:
+            entry = library.entry("backward")
+            args = [ptr(self.x), ptr(gate), ptr(self.w), ptr(self.dy), ptr(self.rstd), 0,
+                    ptr(self.dx), 0, ptr(self.dg if gate is not None else None), ptr(self.ws),
+                    self.ws.numel(), ptr(self.dw), self.t, self.d, 0, 2, 0]
+        return lambda: entry(args, stream)
+
+    def outputs(self, gated: bool) -> dict:
+        out = {"y": self.y, "rstd": self.rstd, "dx": self.dx, "dweight": self.dw}
+        if gated:
+            out["dg"] = self.dg
+        return out
+
+    def reference(self, gated: bool, rows: int = 64) -> dict:
+        """float64 y, rstd, dx (, dg) of `rows` rows spread over the call (their indices under
+        "rows"), and dweight of every row (chunked) with its envelope sum |dn * xhat|."""
+        import torch
+
+        index = torch.linspace(0, self.t - 1, rows, device="cuda").round().long()
+        x, dy, w = self.x[index].double(), self.dy[index].double(), self.w.double()
+        g = self.g[index].double() if gated else None
+        rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS)
+        xhat = x * rstd
+        gate = g * torch.sigmoid(g) if gated else 1.0
+        dn = dy * gate
+        dx = rstd * (dn * w - xhat * (dn * w * xhat).mean(-1, keepdim=True))
+        ref = {"rows": index, "y": xhat * w * gate, "rstd": rstd.squeeze(-1), "dx": dx}
+        if gated:
+            sig = torch.sigmoid(g)
+            ref["dg"] = dy * xhat * w * sig * (1 + g * (1 - sig))
+        dweight = torch.zeros(self.d, dtype=torch.float64, device="cuda")
+        envelope = torch.zeros_like(dweight)
+        for start in range(0, self.t, 8192):
+            part = slice(start, start + 8192)
+            xs = self.x[part].double()
+            xs = xs * torch.rsqrt(xs.square().mean(-1, keepdim=True) + EPS)
+            dns = self.dy[part].double()
+            if gated:
+                gs = self.g[part].double()
+                dns = dns * gs * torch.sigmoid(gs)
+            dweight += (dns * xs).sum(0)
+            envelope += (dns * xs).abs().sum(0)
+        ref["dweight"], ref["envelope"] = dweight, envelope
+        return ref
+
+
+def _close(got, want, envelope=None) -> bool:
+    """The tune's sanity bound (the GPU tests hold the exact ones): 2 bf16 ulps of each element
+    plus 2^-10 of the tensor's largest magnitude; dweight: 1e-4 of its envelope sum |dn * xhat|.
+    Compared in row chunks (a 4 GiB tensor in float64 would not fit twice)."""
+    if envelope is not None:
+        return bool(((got.double() - want.double()).abs() <= 1e-4 * envelope + 1e-6).all())
+    scale = float(want.abs().max())
+    for start in range(0, got.shape[0], 16384):
+        g, w = got[start:start + 16384].double(), want[start:start + 16384].double()
+        if not bool(((g - w).abs() <= 2.0 ** -7 * w.abs() + 2.0 ** -10 * scale).all()):
+            return False
+    return True
+
+
+def check_variants(case: TuneCase, programs: dict) -> dict:
+    """Runs every variant's forward and backward, both families, on poisoned outputs: (variant,
+    family) -> "=" (bitwise the table's outputs), "~" (within the sanity bound of them),
+    "FAIL <outputs>", or "FAIL launch: <message>" (not timed); the first variant (the table) is
+    checked against float64 instead ("ok" or "FAIL ...")."""
+    import torch
+
+    results = {}
+    for gated, key in ((False, "plain"), (True, "gated")):
+        ref = case.reference(gated)
+        base = None
+        for name, pair in programs.items():
+            outputs = case.outputs(gated)
+            for tensor in outputs.values():
+                tensor.fill_(float("nan"))
+            prefix = "gated " if gated else ""
+            try:
+                case.call(pair[key], prefix + "fwd")()
+                case.call(pair[key], prefix + "bwd")()
+            except RuntimeError as exc:  # an entry refused to launch (its message says why)
+                results[(name, key)] = f"FAIL launch: {exc}"
+                continue
+            torch.cuda.synchronize()
+            if base is None:
+                rows = ref["rows"]
+                bad = [n for n, t in outputs.items() if n != "dweight" and not _close(t[rows], ref[n])]
+                if not _close(outputs["dweight"], ref["dweight"], ref["envelope"]):
+                    bad.append("dweight")
+                base = {n: t.clone() for n, t in outputs.items()}
+                results[(name, key)] = "FAIL " + ",".join(bad) if bad else "ok"
+                continue
+            if all(torch.equal(outputs[n], base[n]) for n in outputs):
+                results[(name, key)] = "="
+                continue
+            bad = [n for n in outputs if n != "dweight" and not _close(outputs[n], base[n])]
+            if not _close(outputs["dweight"], base["dweight"], ref["envelope"]):
+                bad.append("dweight")
+            results[(name, key)] = "FAIL " + ",".join(bad) if bad else "~"
+        del base
+    return results
+
+
+def copy_at_size(bench: harness.Bench, nbytes: int, iters: int) -> float:
+    """ms of a device copy that moves `nbytes` (read plus written), same protocol."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    return bench.time(lambda: dst.copy_(src), warmup=2, iters=iters).median
+
+
+def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth: float,
+             on_shape=lambda rows: None) -> list:
+    import torch
+
+    programs = tune_programs(variants)
+    print(f"programs ready for {len(programs)} variants", flush=True)
+    rows = []
+    for t, d in shapes:
+        case = TuneCase(t, d, programs)
+        checks = check_variants(case, programs)
+        for op in TUNE_OPS:
+            key = "gated" if op.startswith("gated") else "plain"
+            nbytes = op_bytes(op, t, d)
+            runnable = {name: case.call(pair[key], op) for name, pair in programs.items()
+                        if not checks[(name, key)].startswith("FAIL launch")}
+            timings = bench.interleaved(runnable, iters=iters, warmup=2)
+            copy_ms = copy_at_size(bench, nbytes, iters)
+            rows.append({"T": t, "D": d, "op": op, "variant": "copy@size", "ms": copy_ms,
+                         "% copy": harness.percent_of_roofline(nbytes, copy_ms, bandwidth)})
+            for name, timing in timings.items():
+                rows.append({"T": t, "D": d, "op": op, "variant": name, "ms": timing.median,
+                             "spread": timing.spread, "check": checks[(name, key)],
+                             "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth)})
+        best = {}
+        for r in rows:
+            if (r["T"], r["D"]) == (t, d) and r["variant"] in programs:
+                if r["op"] not in best or r["% copy"] > best[r["op"]]["% copy"]:
+                    best[r["op"]] = r
+        print(f"T={t} D={d} best: " + ", ".join(
+            f"{op} {r['variant']} {r['% copy']:.1f}%" for op, r in best.items()), flush=True)
+        del case
+        torch.cuda.empty_cache()
+        on_shape(rows)
+    return rows
+
+
+def previous_ms(path: Path = REPO / "tools" / "bench" / "results" / "2026-11-29-h200-rmsnorm.json") -> dict:
+    """(T, D, op) -> ms of the kernels before the ring ("cake graph" rows of the last full run)."""
+    import json
+
+    if not path.is_file():
+        return {}
+    found = {}
+    for row in json.loads(path.read_text())["rows"]:
+        if row["impl"] == "cake graph":
+            found[(row["T"], row["D"], row["op"])] = row["ms"]
+    return found
+
+
+def tune_tables(rows: list, bandwidth: float) -> str:
+    """Per op: % of copy per variant (rows) and shape (columns), the best per shape marked *;
+    a cell ends in ! when the variant's outputs failed the check. Also the kernels before the
+    ring ("prev", from the last full run) and a copy of the same bytes ("copy@size")."""
+    shapes = sorted({(r["T"], r["D"]) for r in rows})
+    previous = previous_ms()
+    lines = []
+    for op in TUNE_OPS:
+        cells = {(r["variant"], r["T"], r["D"]): r for r in rows if r["op"] == op}
+        names = list(dict.fromkeys(r["variant"] for r in rows if r["op"] == op))
+        best = {s: max((c for (n, *k), c in cells.items() if tuple(k) == s and n != "copy@size"),
+                       key=lambda c: c["% copy"], default=None) for s in shapes}
+        lines.append(f"\n{op}: % of copy bandwidth ({bandwidth / 1e12:.3f} TB/s); * best, ! check failed")
+        lines.append("| variant | " + " | ".join(f"{t}x{d}" for t, d in shapes) + " |")
+        lines.append("|---|" + "---|" * len(shapes))
+        prev = [previous.get((t, d, op)) for t, d in shapes]
+        if any(prev):
+            lines.append("| prev | " + " | ".join(
+                "" if ms is None else f"{harness.percent_of_roofline(op_bytes(op, t, d), ms, bandwidth):.1f}"
+                for ms, (t, d) in zip(prev, shapes)) + " |")
+        for name in names:
+            row = []
+            for t, d in shapes:
+                cell = cells.get((name, t, d))
+                text = "" if cell is None else f"{cell['% copy']:.1f}"
+                if cell is not None and cell is best[(t, d)]:
+                    text += "*"
+                if cell is not None and cell.get("check", "").startswith("FAIL"):
+                    text += "!"
+                row.append(text)
+            lines.append(f"| {name} | " + " | ".join(row) + " |")
+    failed = sorted({(r["variant"], r["T"], r["D"], r["op"].replace(" bwd", "").replace(" fwd", "")
+                      if r["op"].startswith("gated") else "plain", r["check"])
+                     for r in rows if r.get("check", "").startswith("FAIL")})
+    lines.append("\nchecks: " + ("every variant agrees with the table's outputs, and those with float64"
+                                 if not failed else "; ".join(f"{n} {t}x{d} {family}: {c}"
+                                                              for n, t, d, family, c in failed)))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=20)
@@ -274,6 +595,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precompile", action="store_true", help="JIT all programs and exit")
     parser.add_argument("--shapes", default="all", help="'all', 'small' or T:D,T:D,...")
     parser.add_argument("--host", action="store_true", help="host cost per call, then exit")
+    parser.add_argument("--tune", action="store_true", help="sweep TUNE_VARIANTS instead")
+    parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
     args = parser.parse_args(argv)
     if args.precompile:
         precompile()
@@ -292,6 +615,23 @@ def main(argv=None) -> int:
             harness.write_json(args.json, {"device": harness.device_summary(),
                                            "copy_bandwidth": bandwidth, "rows": rows})
 
+    if args.tune:
+        chosen = args.variants.split(",") if args.variants else list(TUNE_VARIANTS)
+        names = ["table"] + [n for n in chosen if n != "table"]  # the reference of the checks
+        unknown = sorted(set(names) - set(TUNE_VARIANTS))
+        if unknown:
+            parser.error(f"unknown variants {unknown}; known: {', '.join(TUNE_VARIANTS)}")
+
+        def save_tune(rows):
+            if args.json:
+                harness.write_json(args.json, {
+                    "device": harness.device_summary(), "copy_bandwidth": bandwidth,
+                    "variants": {n: TUNE_VARIANTS[n] for n in names}, "rows": rows})
+
+        rows = run_tune(shapes, {n: TUNE_VARIANTS[n] for n in names}, args.iters, bench, bandwidth,
+                        save_tune)
+        print(tune_tables(rows, bandwidth))
+        return 0
     rows = run(shapes, args.iters, bench, bandwidth, save)
     print(harness.format_table(rows, ["T", "D", "op", "impl", "ms", "TB/s", "% copy", "spread",
                                       "max rel diff vs cake"]))

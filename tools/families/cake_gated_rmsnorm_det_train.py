@@ -2,7 +2,8 @@
 then gate; the GDN/Mamba2 output norm), optionally prenorm, with a deterministic backward.
 
 The same programs as ``cake_rmsnorm_det_train`` (same templates, variant and route fields; see
-``tools/families/cake_rmsnorm_det_train.py``) rendered with ``CAKE_GATED`` 1: 6 programs.
+``tools/families/cake_rmsnorm_det_train.py``) rendered with ``CAKE_GATED`` 1 and that table's
+``GATED_TUNING``: 6 programs.
 """
 
 from tools.families.cake_rmsnorm_det_train import TEMPLATES, specs

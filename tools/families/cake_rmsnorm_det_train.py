@@ -4,10 +4,13 @@ deterministic backward.
 One program per (dtype, load). ``dtype`` is the dtype of x/y/dy/dx; ``load`` is ``vector``
 (16-byte loads: D a multiple of 16 / sizeof(dtype) and 16-byte aligned tensors) or ``scalar``
 (element loads: any D). Inside every program the weight dtype (x's or fp32), the weight-gradient
-dtype, the residual (prenorm) form and the D band (16 elements a thread up to D = 8192, 32
-above) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
-(``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families). 3 dtypes x 2 loads = 6 programs. The templates
-are shared with ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
+dtype, the residual (prenorm) form and the D band (8 (optional), 16 or 32 elements a thread) are
+chosen per call. ``cols_min``/``cols_max`` bound D for the router (``select`` in
+``cake/core/rmsnorm.py``, shared by both RMSNorm families). 3 dtypes x 2 loads = 6 programs. The
+templates are shared with ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
+
+Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``tuning``);
+``tools/bench/rmsnorm.py --tune`` sweeps them on a GPU, and its winners go into ``TUNING``.
 """
 
 import itertools
@@ -20,12 +23,41 @@ ROUTE = {"cols_min": 1, "cols_max": 16384}
 TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
              "binding": "csrc/templates/rmsnorm/binding.cu"}
 
+# Pipeline and launch shape of every program (meanings in the kernel template and
+# csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row, 256-thread
+# CTAs, weights in shared memory; the backward with a 2-slot shared-memory ring and 64
+# registers a thread, so that 4 CTAs of 256 threads (2 of 512) share an SM and the 1024
+# backward bands run in whole waves of 528 (264) CTAs on 132 SMs.
+TUNING = {"CAKE_FORWARD_STAGES": 3, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
+          "CAKE_MAX_ROW_THREADS": 512, "CAKE_CTA_THREADS": 256, "CAKE_L2_PREFETCH": 0,
+          "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_BACKWARD_BANDS": 1024,
+          "CAKE_FORWARD_MIN_BLOCKS": 3, "CAKE_BACKWARD_MIN_BLOCKS": 2}
+# Per family, from the H200 sweep of 2026-11-29 (tools/bench/results/
+# 2026-11-29-h200-rmsnorm-tune.json; % of copy bandwidth at the issue's 8 shapes):
+# RMSNorm's forward keeps the next row in registers (stages 0, no register bound): 80-85%
+# against 75-82% for the 3-slot ring. The gated forward keeps the ring without a register
+# bound (80-92% against 79-89%); the gated backward, whose ring slot holds three tensors, keeps
+# a 3-slot ring without the register bound (80-85% against 74-81%; its rows in registers
+# measured 81-86% but spill 16 bytes at the 128 registers a 512-thread row allows).
+PLAIN_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0}
+GATED_TUNING = {"CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_STAGES": 3,
+                "CAKE_BACKWARD_MIN_BLOCKS": 0}
+# The scalar route's backward needs more than 64 registers a thread (it spills at 64).
+SCALAR_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}
+
+
+def tuning(load: str, gated: bool) -> dict:
+    """The tuning knobs of one family's programs of one load (``vector`` or ``scalar``)."""
+    return {**TUNING, **(GATED_TUNING if gated else PLAIN_TUNING),
+            **(SCALAR_TUNING if load == "scalar" else {})}
+
 
 def specs(gated: bool) -> tuple:
     """The programs of either RMSNorm family (the gated one passes ``gated=True``)."""
     return tuple(
         Spec(variant={"dtype": dtype, "load": load}, route=dict(ROUTE),
-             params={"CAKE_DTYPE": code, "CAKE_VECTOR": vector, "CAKE_GATED": int(gated)})
+             params={"CAKE_DTYPE": code, "CAKE_VECTOR": vector, "CAKE_GATED": int(gated),
+                     **tuning(load, gated)})
         for (dtype, code), (load, vector) in itertools.product(DTYPES.items(), LOADS.items()))
 
 

@@ -1,5 +1,6 @@
 // Shared C entry logic of the RMSNorm families: unpacks and re-validates the int64 argument
-// arrays, then calls the program's launchers (defined in its kernel source).
+// arrays, then calls the program's launchers (defined in its kernel source, which also fixes
+// the launch shapes and the backward's row partition).
 //
 // forward args (kForwardArgs):
 //   0 x, 1 residual|0, 2 gate|0, 3 weight, 4 y, 5 residual_out|0, 6 rstd|0,
@@ -27,9 +28,18 @@ constexpr int kForwardArgs = 12;
 constexpr int kBackwardArgs = 17;
 constexpr int kWorkspaceArgs = 3;
 
-using ForwardLauncher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
-using BackwardLauncher = cudaError_t (*)(const BackwardParams&, int64_t ctas, cudaStream_t);
-using DweightLauncher = cudaError_t (*)(const DweightParams&, cudaStream_t);
+// What a program's kernel source provides to its entries.
+struct Launchers {
+  cudaError_t (*forward)(const ForwardParams&, cudaStream_t);
+  cudaError_t (*backward)(const BackwardParams&, int64_t ctas, cudaStream_t);
+  cudaError_t (*dweight)(const DweightParams&, cudaStream_t);
+  int64_t (*backward_rows_per_cta)(int64_t rows);  // the backward's band of rows (>= 1)
+};
+
+inline int64_t backward_ctas(const Launchers& launch, int64_t rows) {
+  const int64_t per = launch.backward_rows_per_cta(rows);
+  return (rows + per - 1) / per;
+}
 
 // What one program was compiled for.
 struct ProgramShape {
@@ -91,7 +101,7 @@ inline bool check_shape(Checker& check, const ProgramShape& shape, int64_t rows,
                        "cols is not a multiple of this program's vector width (wrong route)");
 }
 
-inline int forward_entry(const ProgramShape& shape, ForwardLauncher launch, const int64_t* values,
+inline int forward_entry(const ProgramShape& shape, const Launchers& launch, const int64_t* values,
                          int32_t nargs, void* stream, char* error, int32_t error_len) {
   Checker check(error, error_len, "forward");
   if (!check.require(values != nullptr && nargs == kForwardArgs, "expected 12 arguments")) return check.status();
@@ -129,15 +139,14 @@ inline int forward_entry(const ProgramShape& shape, ForwardLauncher launch, cons
   p.rstd = args.ptr<float>(6);
   p.rows = rows;
   p.cols = static_cast<int32_t>(cols);
-  p.tpr = threads_per_row(p.cols);
   p.weight_fp32 = static_cast<int32_t>(weight_fp32);
   p.eps = eps;
   p.weight_offset = weight_offset;
-  return launched(launch(p, static_cast<cudaStream_t>(stream)), error, error_len, "forward launch");
+  return launched(launch.forward(p, static_cast<cudaStream_t>(stream)), error, error_len, "forward launch");
 }
 
-inline int backward_entry(const ProgramShape& shape, BackwardLauncher launch, DweightLauncher reduce,
-                          const int64_t* values, int32_t nargs, void* stream, char* error, int32_t error_len) {
+inline int backward_entry(const ProgramShape& shape, const Launchers& launch, const int64_t* values,
+                          int32_t nargs, void* stream, char* error, int32_t error_len) {
   Checker check(error, error_len, "backward");
   if (!check.require(values != nullptr && nargs == kBackwardArgs, "expected 17 arguments")) return check.status();
   const Args args{values, nargs};
@@ -149,8 +158,8 @@ inline int backward_entry(const ProgramShape& shape, BackwardLauncher launch, Dw
   const bool live = rows > 0;
   const bool want_dweight = args.i64(11) != 0;
   if (!check_shape(check, shape, rows, cols)) return check.status();
-  const int64_t rows_per_cta = backward_rows_per_cta(rows);
-  const int64_t ctas = backward_ctas(rows);
+  const int64_t rows_per_cta = launch.backward_rows_per_cta(rows);
+  const int64_t ctas = backward_ctas(launch, rows);
   const int64_t needed = want_dweight ? workspace_bytes(ctas, static_cast<int>(cols)) : 0;
   const int dweight_bytes = dweight_dtype == kF32 ? 4 : 2;
   if (!check.require(weight_fp32 == 0 || weight_fp32 == 1, "weight_fp32 must be 0 or 1") ||
@@ -190,10 +199,9 @@ inline int backward_entry(const ProgramShape& shape, BackwardLauncher launch, Dw
     p.rows_per_cta = rows_per_cta;
     p.cols = static_cast<int32_t>(cols);
     p.cols_padded = padded;
-    p.tpr = threads_per_row(p.cols);
     p.weight_fp32 = static_cast<int32_t>(weight_fp32);
     p.weight_offset = weight_offset;
-    const int status = launched(launch(p, ctas, s), error, error_len, "backward launch");
+    const int status = launched(launch.backward(p, ctas, s), error, error_len, "backward launch");
     if (status != kOk) return status;
   }
   if (!want_dweight) return kOk;
@@ -204,17 +212,17 @@ inline int backward_entry(const ProgramShape& shape, BackwardLauncher launch, Dw
   d.cols = static_cast<int32_t>(cols);
   d.cols_padded = padded;
   d.out_dtype = static_cast<int32_t>(dweight_dtype);
-  return launched(reduce(d, s), error, error_len, "dweight launch");
+  return launched(launch.dweight(d, s), error, error_len, "dweight launch");
 }
 
-inline int workspace_entry(const ProgramShape& shape, const int64_t* values, int32_t nargs,
-                           char* error, int32_t error_len) {
+inline int workspace_entry(const ProgramShape& shape, const Launchers& launch, const int64_t* values,
+                           int32_t nargs, char* error, int32_t error_len) {
   Checker check(error, error_len, "workspace_bytes");
   if (!check.require(values != nullptr && nargs == kWorkspaceArgs, "expected 3 arguments")) return check.status();
   const Args args{values, nargs};
   const int64_t rows = args.i64(0), cols = args.i64(1);
   if (!check_shape(check, shape, rows, cols) || !check.pointer(args, 2, "out", true, 8)) return check.status();
-  *args.ptr<int64_t>(2) = workspace_bytes(backward_ctas(rows), static_cast<int>(cols));
+  *args.ptr<int64_t>(2) = workspace_bytes(backward_ctas(launch, rows), static_cast<int>(cols));
   return kOk;
 }
 

@@ -12,23 +12,36 @@
 //   dw    = sum over rows of dn * xhat
 //
 // Layout. A row is handled by a "row group" of `tpr` threads (a power of two up to 32, or a
-// multiple of 32 up to 512); a CTA holds `groups` row groups. Each thread keeps its kEpt elements
-// of the row in registers (as packed words) between the sum-of-squares pass and the normalize
-// pass: kEpt / kVec loads of kVec elements at element offsets (c * tpr + lane) * kVec, so every
-// load of a row group is coalesced. kVec * sizeof(T) is 16 bytes on the vector route (D a multiple
-// of 16 / sizeof(T), 16-byte aligned rows) and sizeof(T) on the scalar route (any D). kEpt is 16
-// up to D = 8192 and 32 above (the "wide" instance), so D <= 32 * 512 = 16384.
+// multiple of 32 up to 512); a CTA holds `groups` row groups. Each thread owns kEpt elements of
+// the row as kEpt / kVec packs of kVec = 16 / sizeof(T) consecutive elements, pack c at column
+// (c * tpr + lane) * kVec, so the packs of a row group are consecutive. On the aligned route (D a
+// multiple of kVec, 16-byte aligned rows) a pack moves as one 16-byte access; on the unaligned
+// route (any D, any element alignment) as kVec element accesses, the last pack of a row partly
+// (elements past D read as 0 and are not written). A program compiles instances for kEpt in
+// {8 (optional), 16, 32} and picks one per D (elems_per_thread).
+//
+// Two ways to keep rows in flight (the kernels are bound by DRAM latency times bytes in flight):
+// * staged (every instance unless the direction's stages knob is 0): the next rows' packs go
+//   into a ring of `stages` slots in shared memory with cp.async (16-byte copies; 4-byte element
+//   copies on the unaligned fp32 route; the unaligned 16-bit route copies synchronously and uses
+//   one slot), so stages - 1 rows are in flight while one is reduced, at no register cost (see
+//   Ring for who copies what, and the barriers of the unaligned route).
+// * registers (the direction's stages knob 0, narrow aligned instances only): the next row is
+//   loaded into a second set of registers while the current one is reduced; weights are staged
+//   in shared memory. This was the design before the ring; it stays selectable for comparison.
+// Both paths compute the same expressions in the same order, so for the same D band and
+// partition they give the same bits.
 //
 // Determinism. Forward rows are independent, so the forward grid may follow the occupancy. The
-// weight gradient is reduced in an order fixed by (rows, cols, rows_per_cta) only: CTA b owns rows
-// [b * rows_per_cta, (b + 1) * rows_per_cta); its row groups take those rows round-robin and
-// accumulate in registers in row order; the groups are summed in group order through shared
-// memory into the CTA's fp32 partial row of the workspace; a second kernel sums the partial rows
-// of each column in CTA order. No atomics anywhere.
+// weight gradient is reduced in an order fixed by (rows, cols) and the program only: CTA b owns
+// rows [b * rows_per_cta, (b + 1) * rows_per_cta) (rows_per_cta from the row count and
+// Config::kBackwardBands); its row groups take those rows round-robin and accumulate in row order
+// (WeightGrad); the groups are summed in group order through shared memory into the CTA's fp32
+// partial row of the workspace; a second kernel sums the partial rows of each column in a fixed
+// order. No atomics anywhere; nothing depends on the device's SM count.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include <cuda_bf16.h>
@@ -41,20 +54,48 @@ namespace rmsnorm {
 // Every kernel runs at most kMaxCtaThreads threads a CTA (its launch bound, so 128 registers).
 constexpr int kMaxCtaThreads = 512;
 constexpr int kMaxCols = 16384;
-// Elements per thread: kNarrowEpt up to kNarrowMaxCols columns, else kWideEpt. Either way a row
-// group has at most kMaxCtaThreads threads (each kernel's launch bound).
-constexpr int kNarrowEpt = 16;
-constexpr int kWideEpt = 32;
-constexpr int kNarrowMaxCols = kNarrowEpt * kMaxCtaThreads;
-// Threads per CTA the launcher aims for when a row needs fewer (several row groups per CTA).
-constexpr int kTargetCtaThreads = 256;
-// Weight-gradient column reduction: a CTA covers kColLanes float4 lanes (4 columns each) and
-// splits the partial rows into kColSegments interleaved segments, summed in segment order.
-constexpr int kColLanes = 8;
-constexpr int kColSegments = 32;
+// The widest instance: 32 elements a thread, so D <= 32 * 512.
+constexpr int kMaxEpt = 32;
+static_assert(kMaxEpt * kMaxCtaThreads >= kMaxCols, "the widest instance must cover kMaxCols");
+// Ring depth bounds, and the shared memory a CTA may take: the ring gets the asked slots while
+// they fit, with the weights and sums beside it, in kStageBudget (two such CTAs share an SM),
+// and at least two (overlap within the CTA) while they fit in kMaxSmem (a CTA's largest opt-in,
+// less the kernels' static 256 bytes), else one (at most 194 KiB: fp32, D = 16384).
+constexpr int kMaxStages = 4;
+constexpr int kDefaultStages = 2;
+constexpr size_t kStageBudget = 112 * 1024;
+constexpr size_t kMaxSmem = 227 * 1024 - 1024;
+// Weight-gradient column reduction: a CTA covers kColLanes float4 lanes (4 columns each, so one
+// 32-byte sector of each partial row) and splits the partial rows into kColSegments interleaved
+// segments, which a fixed pairwise tree then sums.
+constexpr int kColLanes = 2;
+constexpr int kColSegments = 128;
+static_assert((kColSegments & (kColSegments - 1)) == 0, "the segment tree halves a power of two");
 
 // dtype codes shared with the Python side.
 enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
+
+// A program's tuning (the kernel template's knobs) arrives as a class with these members:
+//   kForwardStages       0 (registers path for the narrow aligned instances) or 1..kMaxStages
+//   kBackwardStages      the same for the backward
+//   kMinEpt              8 or 16: the narrowest instance compiled
+//   kMaxRowThreads       256 or 512: the widest row group an instance below kMaxEpt may use
+//   kCtaThreads          128, 256 or 512: threads a CTA aims for when a row needs fewer
+//   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned streaming loads
+//   kForwardWeights      where staged forward instances below kMaxEpt read the weights from:
+//                        0 shared memory, 1 registers, 2 global memory through L1 (weight_source)
+//   kBackwardWeights     the same for the backward
+//   kBackwardBands       at most this many backward CTAs (weight-gradient partial rows)
+template <class Cfg>
+__host__ __device__ constexpr bool valid_config() {
+  return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
+         Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
+         (Cfg::kMaxRowThreads == 256 || Cfg::kMaxRowThreads == 512) &&
+         (Cfg::kCtaThreads == 128 || Cfg::kCtaThreads == 256 || Cfg::kCtaThreads == 512) &&
+         (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
+         Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
+         Cfg::kBackwardWeights <= 2 && Cfg::kBackwardBands >= 1;
+}
 
 // --------------------------------------------------------------------------- parameters
 
@@ -68,7 +109,8 @@ struct ForwardParams {
   float* rstd;           // (rows,) fp32 or null
   int64_t rows;
   int32_t cols;
-  int32_t tpr;           // threads per row group
+  int32_t tpr;           // threads per row group (set by the launcher)
+  int32_t stages;        // ring slots (set by the launcher; 0 on the registers path)
   int32_t weight_fp32;
   float eps;
   float weight_offset;
@@ -89,7 +131,8 @@ struct BackwardParams {
   int64_t rows_per_cta;
   int32_t cols;
   int32_t cols_padded;   // cols rounded up to a multiple of 4 (float4 rows)
-  int32_t tpr;
+  int32_t tpr;           // set by the launcher
+  int32_t stages;        // set by the launcher
   int32_t weight_fp32;
   float weight_offset;
 };
@@ -109,41 +152,16 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-
-template <int kBytes> struct RawOf;
-template <> struct RawOf<16> { using type = uint4; };
-template <> struct RawOf<4> { using type = unsigned int; };
-template <> struct RawOf<2> { using type = unsigned short; };
-
-// kVec elements of T kept as raw 32-bit words (two 16-bit elements a word), so a 16-byte load
-// occupies 4 registers however it is used; elements are unpacked to fp32 where they are used.
-template <typename T, int kVec>
+// 16 bytes of T (kVec elements) as four 32-bit words; elements are unpacked to fp32 where used.
+template <typename T>
 struct Pack {
-  static constexpr int kBytes = static_cast<int>(sizeof(T)) * kVec;
-  static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
-  using Raw = typename RawOf<kBytes>::type;
-  uint32_t w[kWords];
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  uint32_t w[4];
 
-  __device__ __forceinline__ void set_raw(const Raw& raw) {
-    if constexpr (kBytes == 16) {
-      w[0] = raw.x; w[1] = raw.y; w[2] = raw.z; w[3] = raw.w;
-    } else {
-      w[0] = raw;
-    }
+  __device__ __forceinline__ void set_raw(const uint4& raw) {
+    w[0] = raw.x; w[1] = raw.y; w[2] = raw.z; w[3] = raw.w;
   }
-  __device__ __forceinline__ Raw raw() const {
-    if constexpr (kBytes == 16) {
-      return make_uint4(w[0], w[1], w[2], w[3]);
-    } else {
-      return static_cast<Raw>(w[0]);
-    }
-  }
+  __device__ __forceinline__ uint4 raw() const { return make_uint4(w[0], w[1], w[2], w[3]); }
   // Element v as fp32 (v is a compile-time constant after unrolling).
   __device__ __forceinline__ float get(int v) const {
     if constexpr (sizeof(T) == 4) {
@@ -151,17 +169,18 @@ struct Pack {
     } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
       return __uint_as_float((v & 1) ? (w[v >> 1] & 0xffff0000u) : (w[v >> 1] << 16));
     } else {
-      const uint32_t bits = (v & 1) ? (w[v >> 1] >> 16) : (w[v >> 1] & 0xffffu);
-      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+      return __half2float(__ushort_as_half(bits(v)));
     }
+  }
+  // The raw bits of element v (16-bit T).
+  __device__ __forceinline__ unsigned short bits(int v) const {
+    return static_cast<unsigned short>((v & 1) ? (w[v >> 1] >> 16) : (w[v >> 1] & 0xffffu));
   }
   // Sets every element from fp32 values (round to nearest even).
   __device__ __forceinline__ void set(const float (&f)[kVec]) {
     if constexpr (sizeof(T) == 4) {
 #pragma unroll
       for (int v = 0; v < kVec; ++v) w[v] = __float_as_uint(f[v]);
-    } else if constexpr (kVec == 1) {
-      w[0] = bits16(f[0]);
     } else {
 #pragma unroll
       for (int v = 0; v < kVec; v += 2) w[v >> 1] = bits16(f[v]) | (bits16(f[v + 1]) << 16);
@@ -176,35 +195,132 @@ struct Pack {
   }
 };
 
-// Streaming load (read once: evict first).
-template <typename T, int kVec>
-__device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
-  using P = Pack<T, kVec>;
-  P out;
-  out.set_raw(__ldcs(reinterpret_cast<const typename P::Raw*>(p)));
-  return out;
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& value) {
-  *reinterpret_cast<typename Pack<T, kVec>::Raw*>(p) = value.raw();
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ Pack<T, kVec> zero_pack() {
-  Pack<T, kVec> out;
+template <typename T>
+__device__ __forceinline__ Pack<T> zero_pack() {
+  Pack<T> out;
 #pragma unroll
-  for (int i = 0; i < Pack<T, kVec>::kWords; ++i) out.w[i] = 0u;
+  for (int i = 0; i < 4; ++i) out.w[i] = 0u;
   return out;
+}
+
+// The pack at `p` with `valid` (>= 1) elements left in its row. Aligned: one streaming 16-byte
+// load (evict first) with the L2 prefetch size hint kL2; unaligned: element loads through L1 (a
+// warp's loads of one pack element touch every line its next ones need), zeros past the row.
+template <typename T, bool kAligned, int kL2 = 0>
+__device__ __forceinline__ Pack<T> load_pack(const T* p, int valid) {
+  Pack<T> out;
+  if constexpr (kAligned && kL2 == 128) {
+    asm("ld.global.cs.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
+  } else if constexpr (kAligned && kL2 == 256) {
+    asm("ld.global.cs.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
+  } else if constexpr (kAligned) {
+    out.set_raw(__ldcs(reinterpret_cast<const uint4*>(p)));
+  } else if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) out.w[v] = v < valid ? __ldg(reinterpret_cast<const unsigned*>(p) + v) : 0u;
+  } else {
+    const unsigned short* e = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int v = 0; v < 8; v += 2) {
+      const uint32_t lo = v < valid ? __ldg(e + v) : 0u;
+      const uint32_t hi = v + 1 < valid ? __ldg(e + v + 1) : 0u;
+      out.w[v >> 1] = lo | (hi << 16);
+    }
+  }
+  return out;
+}
+
+// Stores the first `valid` (>= 1) elements of a pack (all of them on the aligned route).
+template <typename T, bool kAligned>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T>& value, int valid) {
+  if constexpr (kAligned) {
+    *reinterpret_cast<uint4*>(p) = value.raw();
+  } else if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      if (v < valid) reinterpret_cast<unsigned*>(p)[v] = value.w[v];
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      if (v < valid) reinterpret_cast<unsigned short*>(p)[v] = value.bits(v);
+    }
+  }
+}
+
+// (With fp32 x the weight is fp32 either way.)
+// base + offset (a row's first element), opaque to the compiler, or null for a null base. Left
+// visible, base + offset + col gets split into a loop-invariant base + col per pack: 64-bit
+// registers that spill on the widest instances.
+template <typename T>
+__device__ __forceinline__ T* row_pointer(T* base, int64_t offset) {
+  if (base == nullptr) return nullptr;
+  T* row = base + offset;
+  asm("" : "+l"(row));
+  return row;
 }
 
 template <typename T>
 __device__ __forceinline__ float load_weight(const void* weight, int weight_fp32, int index) {
+  if constexpr (sizeof(T) == 4) return __ldg(static_cast<const float*>(weight) + index);
   return weight_fp32 ? __ldg(static_cast<const float*>(weight) + index)
                      : to_float(static_cast<const T*>(weight)[index]);
 }
 
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
+// __fdividef: one reciprocal instead of an IEEE division (a few ulp; 0 once 1 + e^-g overflows).
+__device__ __forceinline__ float sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
+
+// --------------------------------------------------------------------------- cp.async
+
+// Whether a route's packs reach shared memory asynchronously: cp.async copies 4, 8 or 16 bytes,
+// so the unaligned 16-bit route copies synchronously (and its ring has one slot).
+template <typename T, bool kAligned>
+__host__ __device__ constexpr bool async_copies() {
+  return kAligned || sizeof(T) == 4;
+}
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Starts copying 16 bytes to shared memory through L2 only (.cg), with the L2 prefetch hint kL2.
+template <int kL2>
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+  if constexpr (kL2 == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src)
+                 : "memory");
+  } else if constexpr (kL2 == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src) : "memory");
+  }
+}
+
+// Starts copying 4 bytes to shared memory (.ca: .cg takes only 16).
+__device__ __forceinline__ void copy4_async(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_address(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Waits until at most `pending` (< kMaxStages, uniform across the CTA) groups are in flight.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+  static_assert(kMaxStages == 4, "one case per possible pending count");
+  switch (pending) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    default: cp_async_wait<3>(); break;
+  }
+}
 
 // --------------------------------------------------------------------------- row-group sum
 
@@ -230,66 +346,307 @@ __device__ __forceinline__ float group_sum(float value, int tpr, float* scratch,
   return total;
 }
 
-// --------------------------------------------------------------------------- forward
+// --------------------------------------------------------------------------- slices, weights
 
-// One thread's kEpt elements of a row: kVpt loads of kVec, load c at column (c * tpr + lane) * kVec.
-template <typename T, int kVec, int kEpt>
+// One thread's kEpt elements of a row: kVpt packs of kVec, pack c at column (c * tpr + lane) * kVec.
+template <typename T, int kEpt>
 struct Slice {
+  static constexpr int kVec = Pack<T>::kVec;
   static constexpr int kVpt = kEpt / kVec;
-  static_assert(kEpt % kVec == 0, "a thread's elements must be whole loads");
+  static_assert(kEpt % kVec == 0, "a thread's elements must be whole packs");
   __device__ __forceinline__ static int column(int c, int tpr, int lane) { return (c * tpr + lane) * kVec; }
 };
 
-// Stages weight + weight_offset as fp32 in shared memory (row_elems floats, zero past cols).
-template <typename T>
-__device__ __forceinline__ void stage_weights(float* wsm, const void* weight, int weight_fp32, float offset,
-                                              int cols, int row_elems) {
-  for (int i = threadIdx.x; i < row_elems; i += blockDim.x) {
-    wsm[i] = i < cols ? load_weight<T>(weight, weight_fp32, i) + offset : 0.0f;
-  }
-  __syncthreads();
+// Whether an instance takes the registers path (see the top of this file): only when the
+// program asks for it (stages 0 for the direction), and only the narrow aligned instances,
+// except gated fp32, where the second set of registers would spill.
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, bool kBackward>
+__host__ __device__ constexpr bool uses_registers() {
+  return (kBackward ? Cfg::kBackwardStages : Cfg::kForwardStages) == 0 && kAligned && kEpt <= 16 &&
+         !(kGated && sizeof(T) == 4);
 }
 
-// The kVec staged weights from column `col` (16-byte shared-memory loads where they fit).
-template <int kVec>
-__device__ __forceinline__ void weights_at(float (&w)[kVec], const float* wsm, int col) {
-  if constexpr (kVec % 4 == 0) {
+// Where an instance reads weight + weight_offset (fp32, 0 past cols) from: shared memory (staged
+// once a CTA), registers (loaded once a thread: only below kMaxEpt, whose weight-gradient sums
+// already take 32 registers), or global memory through L1 at every use (leaves the shared
+// memory to the ring). The widest fp32 instances always read through L1: at D = 16384 their
+// ring (with the plain backward's weight-gradient sums) takes 192-194 KiB, no room for 64 KiB of
+// weights. Below kMaxEpt the program's knob for the direction chooses.
+enum class WeightSource { kShared, kRegisters, kGlobal };
+
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, bool kBackward>
+__host__ __device__ constexpr WeightSource weight_source() {
+  if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, kBackward>()) return WeightSource::kShared;
+  if constexpr (kEpt == kMaxEpt) {
+    return sizeof(T) == 4 ? WeightSource::kGlobal : WeightSource::kShared;
+  }
+  constexpr int kKnob = kBackward ? Cfg::kBackwardWeights : Cfg::kForwardWeights;
+  return kKnob == 1 ? WeightSource::kRegisters : (kKnob == 2 ? WeightSource::kGlobal : WeightSource::kShared);
+}
+
+// kAligned: D is a multiple of kVec, so a pack of weights is in the row or past it as a whole.
+template <typename T, bool kAligned, int kEpt, WeightSource kSource>
+class Weights {
+ public:
+  static constexpr int kVec = Pack<T>::kVec;
+  static constexpr int kVpt = kEpt / kVec;
+
+  // Shared memory the weights take at the start of the dynamic shared memory.
+  __host__ __device__ static size_t smem_bytes(int tpr) {
+    return kSource == WeightSource::kShared ? static_cast<size_t>(tpr) * kEpt * sizeof(float) : 0;
+  }
+
+  // Every thread of the CTA constructs it (staging into shared memory ends with a barrier).
+  __device__ __forceinline__ Weights(float* smem, const void* weight, int weight_fp32, float offset, int cols,
+                                     int tpr, int lane)
+      : smem_(smem), weight_(weight), weight_fp32_(weight_fp32), offset_(offset), cols_(cols) {
+    if constexpr (kSource == WeightSource::kShared) {
+      const int row_elems = tpr * kEpt;
+      for (int i = threadIdx.x; i < row_elems; i += blockDim.x) {
+        smem[i] = i < cols ? load_weight<T>(weight, weight_fp32, i) + offset : 0.0f;
+      }
+      __syncthreads();
+    } else if constexpr (kSource == WeightSource::kRegisters) {
 #pragma unroll
-    for (int v = 0; v < kVec; v += 4) {
-      const float4 q = *reinterpret_cast<const float4*>(wsm + col + v);
-      w[v] = q.x; w[v + 1] = q.y; w[v + 2] = q.z; w[v + 3] = q.w;
+      for (int c = 0; c < kVpt; ++c) load(Slice<T, kEpt>::column(c, tpr, lane), reg_[c]);
     }
-  } else {
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) w[v] = wsm[col + v];
   }
-}
 
-// Whether an instance keeps a second row in flight (software pipelining): the narrow vector
-// instances, except gated fp32, where the second set of registers would spill.
-template <typename T, int kVec, int kEpt, bool kGated>
-__host__ __device__ constexpr bool prefetches() {
-  return kEpt == kNarrowEpt && kVec > 1 && !(kGated && sizeof(T) == 4);
-}
+  // The kVec weights of pack c, at column `col`.
+  __device__ __forceinline__ void at(int c, int col, float (&w)[kVec]) const {
+    if constexpr (kSource == WeightSource::kShared) {
+#pragma unroll
+      for (int v = 0; v < kVec; v += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(smem_ + col + v);
+        w[v] = q.x; w[v + 1] = q.y; w[v + 2] = q.z; w[v + 3] = q.w;
+      }
+    } else if constexpr (kSource == WeightSource::kRegisters) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) w[v] = reg_[c][v];
+    } else {
+      load(col, w);
+    }
+  }
 
-// Loads one thread's slice of row `row` of `base` (zeros past the row's end or for a row
-// outside the call, which is not read).
-template <typename T, int kVec, int kEpt>
-__device__ __forceinline__ void load_slice(Pack<T, kVec> (&dst)[kEpt / kVec], const T* base, int64_t row,
+ private:
+  __device__ __forceinline__ void load(int col, float (&w)[kVec]) const {
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      const bool in = kAligned ? col < cols_ : col + v < cols_;
+      w[v] = in ? load_weight<T>(weight_, weight_fp32_, col + v) + offset_ : 0.0f;
+    }
+  }
+
+  float reg_[kSource == WeightSource::kRegisters ? kVpt : 1][kVec];
+  const float* smem_;
+  const void* weight_;
+  int weight_fp32_;
+  float offset_;
+  int cols_;
+};
+
+// Loads one thread's slice of row `row` of `base` into registers (zeros past the row's end or
+// for a row outside the call, which is not read). Aligned route.
+template <typename T, int kEpt, int kL2>
+__device__ __forceinline__ void load_slice(Pack<T> (&dst)[kEpt / Pack<T>::kVec], const T* base, int64_t row,
                                            bool row_ok, int cols, int tpr, int lane) {
-  using S = Slice<T, kVec, kEpt>;
+  using S = Slice<T, kEpt>;
   const int64_t offset = row * cols;
 #pragma unroll
   for (int c = 0; c < S::kVpt; ++c) {
     const int col = S::column(c, tpr, lane);
-    dst[c] = row_ok && col < cols ? load_pack<T, kVec>(base + offset + col) : zero_pack<T, kVec>();
+    dst[c] = row_ok && col < cols ? load_pack<T, true, kL2>(base + offset + col, S::kVec) : zero_pack<T>();
   }
 }
 
-template <typename T, int kVec, int kEpt, bool kGated>
-__device__ __forceinline__ void forward(const ForwardParams& p) {
-  using S = Slice<T, kVec, kEpt>;
+// The ring of the staged path: `stages` slots, each holding the packs of one step's rows of
+// `tensors` tensors.
+// * Aligned route: pack c of tensor t of thread i in slot s at ((s * tensors + t) * kVpt + c) *
+//   threads + i (a warp's packs consecutive). Each thread copies its own packs, and reads only
+//   what it copied: no barrier.
+// * Unaligned route: row g of tensor t in slot s at ((s * tensors + t) * groups + g) * row_elems,
+//   padded to row_elems = tpr * kEpt elements (a whole number of packs); thread (g, lane) finds its
+//   pack c at element (c * tpr + lane) * kVec of its row. Every thread of the CTA copies the
+//   step's rows element by element (coalesced), so consumers wait at a barrier. The padding is
+//   zeroed once and never written by a copy, so the part of a row's last pack past D reads as 0.
+template <typename T, bool kAligned, int kEpt>
+struct Ring {
+  using S = Slice<T, kEpt>;
+  static constexpr int kVec = S::kVec;
+  static constexpr int kVpt = S::kVpt;
+  uint4* base;
+  int tensors;
+  int stages;
+  int groups;
+  int group;
+  int tpr;
+  int lane;
+
+  // Unaligned route: the first pack of row g of tensor t in slot s.
+  __device__ __forceinline__ uint4* row(int slot, int tensor, int g) const {
+    return base + ((slot * tensors + tensor) * groups + g) * tpr * kVpt;
+  }
+  __device__ __forceinline__ uint4* at(int slot, int tensor, int c) const {
+    if constexpr (kAligned) {
+      return base + ((slot * tensors + tensor) * kVpt + c) * static_cast<int>(blockDim.x) + threadIdx.x;
+    } else {
+      return row(slot, tensor, group) + c * tpr + lane;
+    }
+  }
+  __device__ __forceinline__ Pack<T> get(int slot, int tensor, int c) const {
+    Pack<T> out;
+    out.set_raw(*at(slot, tensor, c));
+    return out;
+  }
+  __device__ __forceinline__ void put(int slot, int tensor, int c, const Pack<T>& value) const {
+    *at(slot, tensor, c) = value.raw();
+  }
+  // The first byte past the ring (both layouts take stages * tensors * blockDim.x * kVpt packs).
+  __device__ __forceinline__ char* end() const {
+    return reinterpret_cast<char*>(base + stages * tensors * kVpt * static_cast<int>(blockDim.x));
+  }
+
+  // Unaligned route: zeros the padding [cols, row_elems) of every row of every slot (then a
+  // barrier).
+  __device__ __forceinline__ void zero_padding(int cols) const {
+    if constexpr (!kAligned) {
+      T* elems = reinterpret_cast<T*>(base);
+      const int row_elems = tpr * kEpt;
+      const int pad = row_elems - cols;
+      const int rows = stages * tensors * groups;
+      for (int i = threadIdx.x; i < rows * pad; i += blockDim.x) {
+        elems[(i / pad) * row_elems + cols + i % pad] = T(0.0f);
+      }
+      __syncthreads();
+    }
+  }
+
+  // Starts copying rows [row0, row0 + count) (count <= groups) of `src` into the slot: on the
+  // aligned route the thread's own row (group < count), on the unaligned route all of them.
+  template <int kL2>
+  __device__ __forceinline__ void fill(int slot, int tensor, const T* src, int64_t row0, int count,
+                                       int cols) const {
+    if constexpr (kAligned) {
+      if (group < count) {
+        const T* row_src = src + (row0 + group) * cols;
+#pragma unroll
+        for (int c = 0; c < kVpt; ++c) {
+          const int col = S::column(c, tpr, lane);
+          if (col < cols) copy16_async<kL2>(at(slot, tensor, c), row_src + col);
+        }
+      }
+    } else {
+      // The step's rows are consecutive in memory: element i of them is column i % cols of row
+      // i / cols, at that column of its padded row in the slot.
+      const T* chunk = src + row0 * cols;
+      T* rows = reinterpret_cast<T*>(row(slot, tensor, 0));
+      const int row_elems = tpr * kEpt;
+      const int total = count * cols;
+      if constexpr (async_copies<T, kAligned>()) {
+        for (int i = threadIdx.x; i < total; i += blockDim.x) {
+          const int g = i / cols;
+          copy4_async(rows + g * row_elems + (i - g * cols), chunk + i);
+        }
+      } else {
+#pragma unroll 4  // synchronous: several loads in flight
+        for (int i = threadIdx.x; i < total; i += blockDim.x) {
+          const int g = i / cols;
+          rows[g * row_elems + (i - g * cols)] = chunk[i];
+        }
+      }
+    }
+  }
+};
+
+// The cp.async discipline of a staged loop over `steps` steps: one group committed per step
+// (empty past the CTA's rows), so "step k is in" is always "at most stages - 1 groups pending".
+// `fill(step, slot)` starts the copies of one step (called only for step < steps).
+// * begin(): steps 0 .. stages - 2 into slots 0 .. stages - 2.
+// * before(k): step k + stages - 1 into the slot step k - 1 used, then waits for step k. The
+//   unaligned route's copies cross threads: a barrier before the refill (every thread is done
+//   with step k - 1) and one after the wait (every thread's copies for step k have landed).
+// * after(): moves to the next slot.
+template <bool kAligned>
+struct Pipeline {
+  int64_t steps;
+  int stages;
+  int slot = 0;    // the slot of the current step
+  int refill = 0;  // the slot the previous step used
+
+  template <typename Fill>
+  __device__ __forceinline__ void begin(const Fill& fill) {
+    for (int k = 0; k < stages - 1; ++k) {
+      if (k < steps) fill(k, k);
+      cp_async_commit();
+    }
+    refill = stages - 1;
+  }
+  template <typename Fill>
+  __device__ __forceinline__ void before(int64_t step, const Fill& fill) {
+    if constexpr (!kAligned) __syncthreads();
+    if (step + stages - 1 < steps) fill(step + stages - 1, refill);
+    cp_async_commit();
+    cp_async_wait_pending(stages - 1);
+    if constexpr (!kAligned) __syncthreads();
+  }
+  __device__ __forceinline__ void after() {
+    slot = slot + 1 == stages ? 0 : slot + 1;
+    refill = refill + 1 == stages ? 0 : refill + 1;
+  }
+};
+
+// Starts the copies of the forward's step `step` (rows first + step * stride + [0, groups)).
+template <typename T, bool kAligned, int kEpt, bool kGated, int kL2>
+struct ForwardFill {
+  const Ring<T, kAligned, kEpt>& ring;
+  const ForwardParams& p;
+  int64_t first;
+  int64_t stride;
+  int groups;
+
+  __device__ __forceinline__ void operator()(int64_t step, int slot) const {
+    const int64_t row0 = first + step * stride;
+    const int count = p.rows - row0 < groups ? static_cast<int>(p.rows - row0) : groups;
+    ring.template fill<kL2>(slot, 0, static_cast<const T*>(p.x), row0, count, p.cols);
+    if (kGated) ring.template fill<kL2>(slot, 1, static_cast<const T*>(p.gate), row0, count, p.cols);
+    if (p.residual != nullptr) {
+      ring.template fill<kL2>(slot, kGated ? 2 : 1, static_cast<const T*>(p.residual), row0, count, p.cols);
+    }
+  }
+};
+
+// Starts the copies of the backward's step `step` (rows begin + step * groups + [0, groups),
+// below end), and each row group's rstd into the rstd ring.
+template <typename T, bool kAligned, int kEpt, bool kGated, int kL2>
+struct BackwardFill {
+  const Ring<T, kAligned, kEpt>& ring;
+  const BackwardParams& p;
+  float* rstd_ring;
+  int64_t begin;
+  int64_t end;
+  int groups;
+  int group;
+
+  __device__ __forceinline__ void operator()(int64_t step, int slot) const {
+    const int64_t row0 = begin + step * groups;
+    const int count = end - row0 < groups ? static_cast<int>(end - row0) : groups;
+    ring.template fill<kL2>(slot, 0, static_cast<const T*>(p.s), row0, count, p.cols);
+    ring.template fill<kL2>(slot, 1, static_cast<const T*>(p.dy), row0, count, p.cols);
+    if (kGated) ring.template fill<kL2>(slot, 2, static_cast<const T*>(p.gate), row0, count, p.cols);
+    if (group < count) copy4_async(rstd_ring + slot * blockDim.x + threadIdx.x, p.rstd + row0 + group);
+  }
+};
+
+// --------------------------------------------------------------------------- forward
+
+// Registers path: the next row is loaded while the current one is reduced and written.
+template <typename T, int kEpt, bool kGated, class Cfg>
+__device__ __forceinline__ void forward_registers(const ForwardParams& p) {
+  using S = Slice<T, kEpt>;
+  using P = Pack<T>;
+  constexpr int kVec = S::kVec;
   constexpr int kVpt = S::kVpt;
+  constexpr int kL2 = Cfg::kL2Prefetch;
   __shared__ float scratch[64];
   const int tpr = p.tpr;
   const int groups = blockDim.x / tpr;
@@ -298,8 +655,9 @@ __device__ __forceinline__ void forward(const ForwardParams& p) {
   const int cols = p.cols;
 
   extern __shared__ float4 dynamic_smem[];
-  float* wsm = reinterpret_cast<float*>(dynamic_smem);
-  stage_weights<T>(wsm, p.weight, p.weight_fp32, p.weight_offset, cols, tpr * kEpt);
+  using W = Weights<T, true, kEpt, WeightSource::kShared>;
+  const W weights(reinterpret_cast<float*>(dynamic_smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr,
+                  lane);
 
   const T* x = static_cast<const T*>(p.x);
   const T* residual = static_cast<const T*>(p.residual);
@@ -308,38 +666,29 @@ __device__ __forceinline__ void forward(const ForwardParams& p) {
   T* residual_out = static_cast<T*>(p.residual_out);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   int parity = 0;
-  // The narrow vector instances load the next row while they reduce and write the current one.
-  constexpr bool kPrefetch = prefetches<T, kVec, kEpt, kGated>();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
   int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
-  Pack<T, kVec> s[kVpt], g[kVpt], s_next[kVpt], g_next[kVpt];
-  if (kPrefetch) {
-    load_slice<T, kVec, kEpt>(s, x, base + group, base + group < p.rows, cols, tpr, lane);
-    if (kGated) load_slice<T, kVec, kEpt>(g, gate, base + group, base + group < p.rows, cols, tpr, lane);
-  }
+  P s[kVpt], g[kVpt], s_next[kVpt], g_next[kVpt];
+  load_slice<T, kEpt, kL2>(s, x, base + group, base + group < p.rows, cols, tpr, lane);
+  if (kGated) load_slice<T, kEpt, kL2>(g, gate, base + group, base + group < p.rows, cols, tpr, lane);
   for (; base < p.rows; base += stride) {
     const int64_t row = base + group;
     const bool row_ok = row < p.rows;
     const int64_t offset = row * cols;
     const int64_t next = row + stride;
-    if (kPrefetch) {
-      load_slice<T, kVec, kEpt>(s_next, x, next, next < p.rows, cols, tpr, lane);
-      if (kGated) load_slice<T, kVec, kEpt>(g_next, gate, next, next < p.rows, cols, tpr, lane);
-    } else {
-      load_slice<T, kVec, kEpt>(s, x, row, row_ok, cols, tpr, lane);
-      if (kGated) load_slice<T, kVec, kEpt>(g, gate, row, row_ok, cols, tpr, lane);
-    }
+    load_slice<T, kEpt, kL2>(s_next, x, next, next < p.rows, cols, tpr, lane);
+    if (kGated) load_slice<T, kEpt, kL2>(g_next, gate, next, next < p.rows, cols, tpr, lane);
     if (residual != nullptr) {
 #pragma unroll
       for (int c = 0; c < kVpt; ++c) {
         const int col = S::column(c, tpr, lane);
         if (row_ok && col < cols) {
-          const Pack<T, kVec> r = load_pack<T, kVec>(residual + offset + col);
+          const P r = load_pack<T, true>(residual + offset + col, kVec);
           float sum[kVec];
 #pragma unroll
           for (int v = 0; v < kVec; ++v) sum[v] = s[c].get(v) + r.get(v);
           s[c].set(sum);
-          store_pack<T, kVec>(residual_out + offset + col, s[c]);
+          store_pack<T, true>(residual_out + offset + col, s[c], kVec);
         }
       }
     }
@@ -362,7 +711,7 @@ __device__ __forceinline__ void forward(const ForwardParams& p) {
         const int col = S::column(c, tpr, lane);
         if (col < cols) {
           float w[kVec], out[kVec];
-          weights_at<kVec>(w, wsm, col);
+          weights.at(c, col, w);
 #pragma unroll
           for (int v = 0; v < kVec; ++v) {
             out[v] = s[c].get(v) * rstd * w[v];
@@ -371,31 +720,40 @@ __device__ __forceinline__ void forward(const ForwardParams& p) {
               out[v] *= gv * sigmoid(gv);
             }
           }
-          Pack<T, kVec> packed;
+          P packed;
           packed.set(out);
-          store_pack<T, kVec>(y + offset + col, packed);
+          store_pack<T, true>(y + offset + col, packed, kVec);
         }
       }
     }
-    if (kPrefetch) {
 #pragma unroll
-      for (int c = 0; c < kVpt; ++c) {
-        s[c] = s_next[c];
-        if (kGated) g[c] = g_next[c];
-      }
+    for (int c = 0; c < kVpt; ++c) {
+      s[c] = s_next[c];
+      if (kGated) g[c] = g_next[c];
     }
   }
 }
 
-// --------------------------------------------------------------------------- backward
+// How far a staged instance unrolls its second pass over its packs (the outputs): fully, except
+// the widest instances, which roll it: unrolled, ptxas loads every pack of the pass at once and
+// spills there. (Nothing in that pass is indexed by pack: their weights are never in registers.)
+template <typename T, int kEpt>
+__host__ __device__ constexpr int second_pass_unroll() {
+  return kEpt == kMaxEpt ? 1 : kEpt / Pack<T>::kVec;
+}
 
-// Dynamic shared memory: the staged weights (tpr * kEpt floats), then, when the CTA has several
-// row groups, their weight-gradient partials (blockDim.x * kEpt floats), or, in the wide instance,
-// the weight-gradient sums (tpr * kEpt floats).
-template <typename T, int kVec, int kEpt, bool kGated>
-__device__ __forceinline__ void backward(const BackwardParams& p) {
-  using S = Slice<T, kVec, kEpt>;
+// Staged path: rows arrive through the shared-memory ring (see the top of this file). Dynamic
+// shared memory: the weights (if staged), then the ring of x, g (gated) and residual (when
+// given). The CTA's rows are first + k * stride + group (grid-stride, k = 0, 1, ...).
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+__device__ __forceinline__ void forward_staged(const ForwardParams& p) {
+  using S = Slice<T, kEpt>;
+  using P = Pack<T>;
+  constexpr int kVec = S::kVec;
   constexpr int kVpt = S::kVpt;
+  constexpr int kSecondPassUnroll = second_pass_unroll<T, kEpt>();
+  constexpr int kGate = 1;
+  constexpr int kResidual = kGated ? 2 : 1;
   __shared__ float scratch[64];
   extern __shared__ float4 dynamic_smem[];
   const int tpr = p.tpr;
@@ -403,174 +761,425 @@ __device__ __forceinline__ void backward(const BackwardParams& p) {
   const int group = threadIdx.x / tpr;
   const int lane = threadIdx.x - group * tpr;
   const int cols = p.cols;
+  const int stages = p.stages;
+  const bool has_residual = p.residual != nullptr;
+  using W = Weights<T, kAligned, kEpt, weight_source<T, kAligned, kEpt, kGated, Cfg, false>()>;
+  char* smem = reinterpret_cast<char*>(dynamic_smem);
+  const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane);
+  const Ring<T, kAligned, kEpt> ring{reinterpret_cast<uint4*>(smem + W::smem_bytes(tpr)),
+                                     kResidual + (has_residual ? 1 : 0), stages, groups, group, tpr, lane};
+  ring.zero_padding(cols);
 
-  // The wide instance (one row group a CTA) keeps its weight-gradient sums in shared memory
-  // (each thread only its own columns): in registers they would spill.
-  constexpr bool kSharedDw = kEpt == kWideEpt;
-  const int row_elems = tpr * kEpt;
-  float* wsm = reinterpret_cast<float*>(dynamic_smem);
-  float* group_partials = wsm + row_elems;
-  stage_weights<T>(wsm, p.weight, p.weight_fp32, p.weight_offset, cols, row_elems);
-  float dw[kSharedDw ? 1 : kVpt][kVec];
+  T* y = static_cast<T*>(p.y);
+  T* residual_out = static_cast<T*>(p.residual_out);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups;
+  const ForwardFill<T, kAligned, kEpt, kGated, Cfg::kL2Prefetch> fill{ring, p, first, stride, groups};
+  Pipeline<kAligned> pipe{first < p.rows ? (p.rows - first + stride - 1) / stride : 0, stages};
+  pipe.begin(fill);
+  int parity = 0;
+  for (int64_t step = 0; step < pipe.steps; ++step) {
+    pipe.before(step, fill);
+    const int slot = pipe.slot;
+    const int64_t row = first + step * stride + group;
+    const bool row_ok = row < p.rows;
+    const int64_t offset = row_ok ? row * cols : 0;
+    T* residual_row = row_pointer(residual_out, offset);
+    float ssq = 0.0f;
 #pragma unroll
-  for (int c = 0; c < kVpt; ++c) {
-    const int col = S::column(c, tpr, lane);
+    for (int c = 0; c < kVpt; ++c) {
+      const int col = S::column(c, tpr, lane);
+      P s = zero_pack<T>();
+      if (row_ok && col < cols) {
+        s = ring.get(slot, 0, c);
+        if (has_residual) {
+          const P r = ring.get(slot, kResidual, c);
+          float sum[kVec];
 #pragma unroll
-    for (int v = 0; v < kVec; ++v) {
-      if constexpr (kSharedDw) {
-        group_partials[col + v] = 0.0f;
-      } else {
-        dw[c][v] = 0.0f;
+          for (int v = 0; v < kVec; ++v) sum[v] = s.get(v) + r.get(v);
+          s.set(sum);
+          ring.put(slot, 0, c, s);  // the second pass normalises the rounded sum
+          store_pack<T, kAligned>(residual_row + col, s, cols - col);
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const float f = s.get(v);
+        ssq = fmaf(f, f, ssq);
       }
     }
+    ssq = group_sum(ssq, tpr, scratch, parity);
+    parity ^= 1;
+    const float rstd = rsqrtf(ssq * inv_cols + p.eps);
+    if (row_ok) {
+      if (p.rstd != nullptr && lane == 0) p.rstd[row] = rstd;
+      T* y_row = row_pointer(y, offset);
+#pragma unroll(kSecondPassUnroll)
+      for (int c = 0; c < kVpt; ++c) {
+        const int col = S::column(c, tpr, lane);
+        if (col < cols) {
+          const P s = ring.get(slot, 0, c);
+          float w[kVec], out[kVec];
+          weights.at(c, col, w);
+#pragma unroll
+          for (int v = 0; v < kVec; ++v) out[v] = s.get(v) * rstd * w[v];
+          if (kGated) {
+            const P g = ring.get(slot, kGate, c);
+#pragma unroll
+            for (int v = 0; v < kVec; ++v) {
+              const float gv = g.get(v);
+              out[v] *= gv * sigmoid(gv);
+            }
+          }
+          P packed;
+          packed.set(out);
+          store_pack<T, kAligned>(y_row + col, packed, cols - col);
+        }
+      }
+    }
+    pipe.after();
   }
+}
+
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+__device__ __forceinline__ void forward(const ForwardParams& p) {
+  if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, false>()) {
+    forward_registers<T, kEpt, kGated, Cfg>(p);
+  } else {
+    forward_staged<T, kAligned, kEpt, kGated, Cfg>(p);
+  }
+}
+
+// --------------------------------------------------------------------------- backward
+
+// Whether a staged backward instance keeps its weight-gradient sums in shared memory (see
+// WeightGrad): the widest ones (64 KiB at D = 16384), except gated fp32, whose ring slot (s, dy
+// and g in fp32: 194 KiB) leaves no room.
+template <typename T, int kEpt, bool kGated>
+__host__ __device__ constexpr bool dw_in_shared() {
+  return kEpt == kMaxEpt && (sizeof(T) == 2 || !kGated);
+}
+
+// A thread's weight-gradient sums (one per element of its slice), in registers or, for the
+// widest staged instances (dw_in_shared), in shared memory: there 32 sums in registers next
+// to the loads of 32 elements of two or three tensors spill. Either way, write() sums the row
+// groups through a [groups][row_elems] float array of shared memory: in shared memory mode the
+// sums already live there (a thread touches only its own columns, so no barrier until write()).
+template <typename T, int kEpt, bool kInShared>
+class WeightGrad {
+ public:
+  static constexpr int kVec = Pack<T>::kVec;
+  static constexpr int kVpt = kEpt / kVec;
+
+  // `sums`: the [groups][row_elems] array (shared memory mode; unused otherwise).
+  __device__ __forceinline__ WeightGrad(float* sums, int tpr, int group, int lane)
+      : sums_(sums), mine_(group * tpr * kEpt) {
+#pragma unroll
+    for (int c = 0; c < kVpt; ++c) {
+      float* acc = at(c, Slice<T, kEpt>::column(c, tpr, lane));
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) acc[v] = 0.0f;
+    }
+  }
+
+  // The kVec sums of pack c (at column `col`).
+  __device__ __forceinline__ float* at(int c, int col) {
+    if constexpr (kInShared) {
+      return sums_ + mine_ + col;
+    } else {
+      return reg_[c];
+    }
+  }
+
+  // Writes the CTA's partial row of the workspace: the row groups' sums added in group order.
+  // Registers mode goes through `scratch` ([groups][row_elems] floats of shared memory that no
+  // thread reads any more).
+  __device__ __forceinline__ void write(const BackwardParams& p, float* scratch, int tpr, int groups,
+                                        int lane) {
+    using S = Slice<T, kEpt>;
+    float* out = p.partials + static_cast<int64_t>(blockIdx.x) * p.cols_padded;
+    if (groups == 1) {
+#pragma unroll
+      for (int c = 0; c < kVpt; ++c) {
+        const int col = S::column(c, tpr, lane);
+        const float* acc = at(c, col);
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) {
+          if (col + v < p.cols_padded) out[col + v] = col + v < p.cols ? acc[v] : 0.0f;
+        }
+      }
+      return;
+    }
+    float* all = kInShared ? sums_ : scratch;
+    if constexpr (!kInShared) {
+#pragma unroll
+      for (int c = 0; c < kVpt; ++c) {
+        const int col = S::column(c, tpr, lane);
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) all[mine_ + col + v] = reg_[c][v];
+      }
+    }
+    __syncthreads();
+    const int row_elems = tpr * kEpt;
+    for (int col = threadIdx.x; col < p.cols_padded; col += blockDim.x) {
+      float total = 0.0f;
+      if (col < p.cols) {
+        for (int k = 0; k < groups; ++k) total += all[k * row_elems + col];
+      }
+      out[col] = total;
+    }
+  }
+
+ private:
+  float reg_[kInShared ? 1 : kVpt][kVec];
+  float* sums_;
+  int mine_;  // this row group's offset in the [groups][row_elems] array
+};
+
+// The first pass over one pack of a row: accumulates dw (kVec sums) and the row's dot product.
+template <typename T, bool kGated>
+__device__ __forceinline__ void backward_sums(const Pack<T>& s, const Pack<T>& dy, const Pack<T>& g,
+                                              const float (&w)[Pack<T>::kVec], float rstd, float* dw,
+                                              float& dot) {
+#pragma unroll
+  for (int v = 0; v < Pack<T>::kVec; ++v) {
+    const float xhat = s.get(v) * rstd;
+    float dn = dy.get(v);
+    if (kGated) {
+      const float gv = g.get(v);
+      dn *= gv * sigmoid(gv);
+    }
+    dw[v] = fmaf(dn, xhat, dw[v]);
+    dot = fmaf(dn * w[v], xhat, dot);
+  }
+}
+
+// The row pointers of the backward's outputs (and dsum) for one row (see row_pointer).
+template <typename T>
+struct BackwardRow {
+  T* dx;
+  T* dresidual;
+  T* dgate;
+  const T* dsum;
+
+  __device__ __forceinline__ BackwardRow(const BackwardParams& p, int64_t offset)
+      : dx(row_pointer(static_cast<T*>(p.dx), offset)),
+        dresidual(row_pointer(static_cast<T*>(p.dresidual), offset)),
+        dgate(row_pointer(static_cast<T*>(p.dgate), offset)),
+        dsum(row_pointer(static_cast<const T*>(p.dsum), offset)) {}
+};
+
+// dx (and dg) of one pack of a row, and their stores at column `col` of `out`; `valid` is the
+// elements left in the row.
+template <typename T, bool kAligned, bool kGated>
+__device__ __forceinline__ void backward_outputs(const BackwardRow<T>& out, const Pack<T>& s,
+                                                 const Pack<T>& dy, const Pack<T>& g,
+                                                 const float (&w)[Pack<T>::kVec], float rstd, float mean_dot,
+                                                 int col, int valid) {
+  constexpr int kVec = Pack<T>::kVec;
+  Pack<T> dsum_pack = zero_pack<T>();
+  if (out.dsum != nullptr) dsum_pack = load_pack<T, kAligned>(out.dsum + col, valid);
+  float dx[kVec], dg[kVec];
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) {
+    const float xhat = s.get(v) * rstd;
+    const float dyv = dy.get(v);
+    float dn = dyv;
+    if (kGated) {
+      const float gv = g.get(v);
+      const float sig = sigmoid(gv);
+      dn *= gv * sig;
+      dg[v] = dyv * xhat * w[v] * (sig * (1.0f + gv * (1.0f - sig)));
+    }
+    dx[v] = rstd * (dn * w[v] - xhat * mean_dot) + dsum_pack.get(v);
+  }
+  Pack<T> packed;
+  packed.set(dx);
+  store_pack<T, kAligned>(out.dx + col, packed, valid);
+  if (out.dresidual != nullptr) store_pack<T, kAligned>(out.dresidual + col, packed, valid);
+  if (kGated) {
+    packed.set(dg);
+    store_pack<T, kAligned>(out.dgate + col, packed, valid);
+  }
+}
+
+// Registers path. Dynamic shared memory: the staged weights (tpr * kEpt floats), then, when the
+// CTA has several row groups, their weight-gradient partials (blockDim.x * kEpt floats).
+template <typename T, int kEpt, bool kGated, class Cfg>
+__device__ __forceinline__ void backward_registers(const BackwardParams& p) {
+  using S = Slice<T, kEpt>;
+  using P = Pack<T>;
+  constexpr int kVec = S::kVec;
+  constexpr int kVpt = S::kVpt;
+  constexpr int kL2 = Cfg::kL2Prefetch;
+  __shared__ float scratch[64];
+  extern __shared__ float4 dynamic_smem[];
+  const int tpr = p.tpr;
+  const int groups = blockDim.x / tpr;
+  const int group = threadIdx.x / tpr;
+  const int lane = threadIdx.x - group * tpr;
+  const int cols = p.cols;
+  float* wsm = reinterpret_cast<float*>(dynamic_smem);
+  using W = Weights<T, true, kEpt, WeightSource::kShared>;
+  const W weights(wsm, p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane);
+  WeightGrad<T, kEpt, false> dw(nullptr, tpr, group, lane);
 
   const T* s_in = static_cast<const T*>(p.s);
   const T* gate = static_cast<const T*>(p.gate);
   const T* dy_in = static_cast<const T*>(p.dy);
-  const T* dsum = static_cast<const T*>(p.dsum);
-  T* dx_out = static_cast<T*>(p.dx);
-  T* dres_out = static_cast<T*>(p.dresidual);
-  T* dg_out = static_cast<T*>(p.dgate);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
   int parity = 0;
-  // The narrow vector instances load the next row of the band while they work on the current one.
-  constexpr bool kPrefetch = prefetches<T, kVec, kEpt, kGated>();
-  Pack<T, kVec> s[kVpt], dy[kVpt], g[kVpt];
-  Pack<T, kVec> s_next[kVpt], dy_next[kVpt], g_next[kVpt];
-  if (kPrefetch) {
-    const int64_t first = begin + group;
-    load_slice<T, kVec, kEpt>(s, s_in, first, first < end, cols, tpr, lane);
-    load_slice<T, kVec, kEpt>(dy, dy_in, first, first < end, cols, tpr, lane);
-    if (kGated) load_slice<T, kVec, kEpt>(g, gate, first, first < end, cols, tpr, lane);
-  }
+  P s[kVpt], dy[kVpt], g[kVpt];
+  P s_next[kVpt], dy_next[kVpt], g_next[kVpt];
+  const int64_t first = begin + group;
+  load_slice<T, kEpt, kL2>(s, s_in, first, first < end, cols, tpr, lane);
+  load_slice<T, kEpt, kL2>(dy, dy_in, first, first < end, cols, tpr, lane);
+  if (kGated) load_slice<T, kEpt, kL2>(g, gate, first, first < end, cols, tpr, lane);
+  float rstd = first < end ? __ldg(p.rstd + first) : 0.0f;
   for (int64_t base = begin; base < end; base += groups) {
     const int64_t row = base + group;
     const bool row_ok = row < end;
     const int64_t offset = row * cols;
     const int64_t next = row + groups;
-    if (kPrefetch) {
-      load_slice<T, kVec, kEpt>(s_next, s_in, next, next < end, cols, tpr, lane);
-      load_slice<T, kVec, kEpt>(dy_next, dy_in, next, next < end, cols, tpr, lane);
-      if (kGated) load_slice<T, kVec, kEpt>(g_next, gate, next, next < end, cols, tpr, lane);
-    } else {
-      load_slice<T, kVec, kEpt>(s, s_in, row, row_ok, cols, tpr, lane);
-      load_slice<T, kVec, kEpt>(dy, dy_in, row, row_ok, cols, tpr, lane);
-      if (kGated) load_slice<T, kVec, kEpt>(g, gate, row, row_ok, cols, tpr, lane);
-    }
-    const float rstd = row_ok ? __ldg(p.rstd + row) : 0.0f;
+    load_slice<T, kEpt, kL2>(s_next, s_in, next, next < end, cols, tpr, lane);
+    load_slice<T, kEpt, kL2>(dy_next, dy_in, next, next < end, cols, tpr, lane);
+    if (kGated) load_slice<T, kEpt, kL2>(g_next, gate, next, next < end, cols, tpr, lane);
+    const float rstd_next = next < end ? __ldg(p.rstd + next) : 0.0f;
     float dot = 0.0f;
 #pragma unroll
     for (int c = 0; c < kVpt; ++c) {
       float w[kVec];
-      weights_at<kVec>(w, wsm, S::column(c, tpr, lane));
-#pragma unroll
-      for (int v = 0; v < kVec; ++v) {
-        const float xhat = s[c].get(v) * rstd;
-        float dn = dy[c].get(v);
-        if (kGated) {
-          const float gv = g[c].get(v);
-          dn *= gv * sigmoid(gv);
-        }
-        if constexpr (kSharedDw) {
-          float& acc = group_partials[S::column(c, tpr, lane) + v];
-          acc = fmaf(dn, xhat, acc);
-        } else {
-          dw[c][v] = fmaf(dn, xhat, dw[c][v]);
-        }
-        dot = fmaf(dn * w[v], xhat, dot);
-      }
+      const int col = S::column(c, tpr, lane);
+      weights.at(c, col, w);
+      backward_sums<T, kGated>(s[c], dy[c], g[c], w, rstd, dw.at(c, col), dot);
     }
     dot = group_sum(dot, tpr, scratch, parity);
     parity ^= 1;
     const float mean_dot = dot * inv_cols;
     if (row_ok) {
+      const BackwardRow<T> out(p, offset);
 #pragma unroll
       for (int c = 0; c < kVpt; ++c) {
         const int col = S::column(c, tpr, lane);
         if (col < cols) {
-          Pack<T, kVec> dsum_pack = zero_pack<T, kVec>();
-          if (dsum != nullptr) dsum_pack = load_pack<T, kVec>(dsum + offset + col);
-          float w[kVec], dx[kVec], dg[kVec];
-          weights_at<kVec>(w, wsm, col);
-#pragma unroll
-          for (int v = 0; v < kVec; ++v) {
-            const float xhat = s[c].get(v) * rstd;
-            const float dyv = dy[c].get(v);
-            float dn = dyv;
-            if (kGated) {
-              const float gv = g[c].get(v);
-              const float sig = sigmoid(gv);
-              dn *= gv * sig;
-              dg[v] = dyv * xhat * w[v] * (sig * (1.0f + gv * (1.0f - sig)));
-            }
-            dx[v] = rstd * (dn * w[v] - xhat * mean_dot) + dsum_pack.get(v);
-          }
-          Pack<T, kVec> packed;
-          packed.set(dx);
-          store_pack<T, kVec>(dx_out + offset + col, packed);
-          if (dres_out != nullptr) store_pack<T, kVec>(dres_out + offset + col, packed);
-          if (kGated) {
-            packed.set(dg);
-            store_pack<T, kVec>(dg_out + offset + col, packed);
-          }
+          float w[kVec];
+          weights.at(c, col, w);
+          backward_outputs<T, true, kGated>(out, s[c], dy[c], g[c], w, rstd, mean_dot, col, kVec);
         }
       }
     }
-    if (kPrefetch) {
 #pragma unroll
-      for (int c = 0; c < kVpt; ++c) {
-        s[c] = s_next[c];
-        dy[c] = dy_next[c];
-        if (kGated) g[c] = g_next[c];
-      }
+    for (int c = 0; c < kVpt; ++c) {
+      s[c] = s_next[c];
+      dy[c] = dy_next[c];
+      if (kGated) g[c] = g_next[c];
     }
+    rstd = rstd_next;
   }
-
   if (p.partials == nullptr) return;
-  float* out = p.partials + static_cast<int64_t>(blockIdx.x) * p.cols_padded;
-  if (groups == 1) {
+  dw.write(p, wsm + tpr * kEpt, tpr, groups, lane);
+}
+
+// Staged path. Dynamic shared memory: the weights (if staged), the ring (tensors s, dy, then
+// g), a ring of rstd values (stages * blockDim.x floats), then the weight-gradient sums if they
+// are kept there (dw_in_shared); otherwise the row groups' partials reuse the ring at the end.
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+__device__ __forceinline__ void backward_staged(const BackwardParams& p) {
+  using S = Slice<T, kEpt>;
+  using P = Pack<T>;
+  constexpr int kVec = S::kVec;
+  constexpr int kVpt = S::kVpt;
+  constexpr int kSecondPassUnroll = second_pass_unroll<T, kEpt>();
+  constexpr int kTensors = kGated ? 3 : 2;
+  constexpr int kDy = 1;
+  constexpr int kGate = 2;
+  __shared__ float scratch[64];
+  extern __shared__ float4 dynamic_smem[];
+  const int tpr = p.tpr;
+  const int groups = blockDim.x / tpr;
+  const int group = threadIdx.x / tpr;
+  const int lane = threadIdx.x - group * tpr;
+  const int cols = p.cols;
+  const int stages = p.stages;
+  using W = Weights<T, kAligned, kEpt, weight_source<T, kAligned, kEpt, kGated, Cfg, true>()>;
+  char* smem = reinterpret_cast<char*>(dynamic_smem);
+  const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane);
+  const Ring<T, kAligned, kEpt> ring{reinterpret_cast<uint4*>(smem + W::smem_bytes(tpr)), kTensors, stages,
+                                     groups, group, tpr, lane};
+  ring.zero_padding(cols);
+  float* rstd_ring = reinterpret_cast<float*>(ring.end());
+  // Shared-memory weight-gradient sums (if so) follow the rstd ring.
+  using DW = WeightGrad<T, kEpt, dw_in_shared<T, kEpt, kGated>()>;
+  DW dw(dw_in_shared<T, kEpt, kGated>() ? rstd_ring + stages * blockDim.x : nullptr, tpr, group, lane);
+
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
+  const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
+  using Fill = BackwardFill<T, kAligned, kEpt, kGated, Cfg::kL2Prefetch>;
+  const Fill fill{ring, p, rstd_ring, begin, end, groups, group};
+  Pipeline<kAligned> pipe{end > begin ? (end - begin + groups - 1) / groups : 0, stages};
+  pipe.begin(fill);
+  int parity = 0;
+  for (int64_t step = 0; step < pipe.steps; ++step) {
+    pipe.before(step, fill);
+    const int slot = pipe.slot;
+    const int64_t row = begin + step * groups + group;
+    const bool row_ok = row < end;
+    const int64_t offset = row * cols;
+    const float rstd = row_ok ? rstd_ring[slot * blockDim.x + threadIdx.x] : 0.0f;
+    float dot = 0.0f;
 #pragma unroll
     for (int c = 0; c < kVpt; ++c) {
       const int col = S::column(c, tpr, lane);
-#pragma unroll
-      for (int v = 0; v < kVec; ++v) {
-        if (col + v < p.cols_padded) {
-          float total = 0.0f;
-          if constexpr (kSharedDw) {
-            total = group_partials[col + v];
-          } else {
-            total = dw[c][v];
-          }
-          out[col + v] = col + v < cols ? total : 0.0f;
+      const bool in = row_ok && col < cols;
+      const P s = in ? ring.get(slot, 0, c) : zero_pack<T>();
+      const P dy = in ? ring.get(slot, kDy, c) : zero_pack<T>();
+      const P g = kGated && in ? ring.get(slot, kGate, c) : zero_pack<T>();
+      float w[kVec];
+      weights.at(c, col, w);
+      backward_sums<T, kGated>(s, dy, g, w, rstd, dw.at(c, col), dot);
+    }
+    dot = group_sum(dot, tpr, scratch, parity);
+    parity ^= 1;
+    const float mean_dot = dot * inv_cols;
+    if (row_ok) {
+      const BackwardRow<T> out(p, offset);
+#pragma unroll(kSecondPassUnroll)
+      for (int c = 0; c < kVpt; ++c) {
+        const int col = S::column(c, tpr, lane);
+        if (col < cols) {
+          const P g = kGated ? ring.get(slot, kGate, c) : zero_pack<T>();
+          float w[kVec];
+          weights.at(c, col, w);
+          backward_outputs<T, kAligned, kGated>(out, ring.get(slot, 0, c), ring.get(slot, kDy, c), g, w, rstd,
+                                                mean_dot, col, cols - col);
         }
       }
     }
-    return;
+    pipe.after();
   }
-  // Several row groups (narrow instance only): sum their partials in group order through
-  // shared memory.
-  float* mine = group_partials + group * row_elems;
-#pragma unroll
-  for (int c = 0; c < kVpt; ++c) {
-    const int col = S::column(c, tpr, lane);
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) mine[col + v] = dw[c][v];
-  }
+  if (p.partials == nullptr) return;
+  // The partials reuse the ring: every copy has landed (the last groups were empty) and every
+  // thread must be done reading its slots.
+  cp_async_wait<0>();
   __syncthreads();
-  for (int col = threadIdx.x; col < p.cols_padded; col += blockDim.x) {
-    float total = 0.0f;
-    if (col < cols) {
-      for (int k = 0; k < groups; ++k) total += group_partials[k * row_elems + col];
-    }
-    out[col] = total;
+  dw.write(p, reinterpret_cast<float*>(ring.base), tpr, groups, lane);
+}
+
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+__device__ __forceinline__ void backward(const BackwardParams& p) {
+  if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, true>()) {
+    backward_registers<T, kEpt, kGated, Cfg>(p);
+  } else {
+    backward_staged<T, kAligned, kEpt, kGated, Cfg>(p);
   }
 }
 
-// Sums the partial rows of each column in row order: thread (lane, segment) sums rows
-// segment, segment + kColSegments, ...; the segments are then summed in segment order.
+// Sums the partial rows of each column: thread (lane, segment) sums rows segment,
+// segment + kColSegments, ... in order; a fixed pairwise tree then adds the segments.
 __device__ __forceinline__ void reduce_dweight(const DweightParams& p) {
   __shared__ float4 sums[kColSegments][kColLanes];
   const int lane = threadIdx.x;
@@ -590,15 +1199,21 @@ __device__ __forceinline__ void reduce_dweight(const DweightParams& p) {
   }
   sums[segment][lane] = acc;
   __syncthreads();
-  if (segment != 0 || col >= p.cols) return;
-  float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int k = 0; k < kColSegments; ++k) {
-    const float4 v = sums[k][lane];
-    total[0] += v.x;
-    total[1] += v.y;
-    total[2] += v.z;
-    total[3] += v.w;
+#pragma unroll
+  for (int half = kColSegments / 2; half >= 1; half >>= 1) {
+    if (segment < half) {
+      const float4 other = sums[segment + half][lane];
+      float4& mine = sums[segment][lane];
+      mine.x += other.x;
+      mine.y += other.y;
+      mine.z += other.z;
+      mine.w += other.w;
+    }
+    __syncthreads();
   }
+  if (segment != 0 || col >= p.cols) return;
+  const float4 total4 = sums[0][lane];
+  const float total[4] = {total4.x, total4.y, total4.z, total4.w};
   for (int j = 0; j < 4 && col + j < p.cols; ++j) {
     switch (p.out_dtype) {
       case kBF16: static_cast<__nv_bfloat16*>(p.dweight)[col + j] = __float2bfloat16_rn(total[j]); break;
@@ -610,12 +1225,29 @@ __device__ __forceinline__ void reduce_dweight(const DweightParams& p) {
 
 // --------------------------------------------------------------------------- launch shapes
 
+// Elements a thread (the instance) for D = cols: the narrowest instance whose row group stays
+// within kMaxRowThreads, else the widest (up to kMaxCtaThreads threads a row).
+template <class Cfg>
+inline int elems_per_thread(int cols) {
+  for (int ept = Cfg::kMinEpt; ept < kMaxEpt; ept *= 2) {
+    if (cols <= ept * Cfg::kMaxRowThreads) return ept;
+  }
+  return kMaxEpt;
+}
 
-__host__ __device__ inline int elems_per_thread(int cols) { return cols <= kNarrowMaxCols ? kNarrowEpt : kWideEpt; }
+// Calls f(std::integral_constant<int, ept>) for the instance serving `cols`.
+template <class Cfg, typename F>
+inline cudaError_t with_instance(int cols, F&& f) {
+  const int ept = elems_per_thread<Cfg>(cols);
+  if constexpr (Cfg::kMinEpt <= 8) {
+    if (ept == 8) return f(std::integral_constant<int, 8>{});
+  }
+  if (ept == 16) return f(std::integral_constant<int, 16>{});
+  return f(std::integral_constant<int, kMaxEpt>{});
+}
 
 // Threads per row group: a power of two up to 32, else a multiple of 32.
-inline int threads_per_row(int cols) {
-  const int ept = elems_per_thread(cols);
+inline int threads_per_row(int cols, int ept) {
   const int need = (cols + ept - 1) / ept;
   if (need > 32) return (need + 31) / 32 * 32;
   int tpr = 1;
@@ -623,21 +1255,33 @@ inline int threads_per_row(int cols) {
   return tpr;
 }
 
-inline int row_groups_per_cta(int tpr) { return tpr >= kTargetCtaThreads ? 1 : kTargetCtaThreads / tpr; }
-
-// The backward's row partition, fixed by the row count alone: at most kMaxBackwardCtas bands of
-// at least kMinRowsPerCta rows (a constant, not the device's SM count).
-constexpr int64_t kMaxBackwardCtas = 1024;
-constexpr int64_t kMinRowsPerCta = 16;
-
-inline int64_t backward_rows_per_cta(int64_t rows) {
-  const int64_t even = (rows + kMaxBackwardCtas - 1) / kMaxBackwardCtas;
-  return even > kMinRowsPerCta ? even : kMinRowsPerCta;
+template <class Cfg>
+inline int row_groups_per_cta(int tpr) {
+  return tpr >= Cfg::kCtaThreads ? 1 : Cfg::kCtaThreads / tpr;
 }
 
-inline int64_t backward_ctas(int64_t rows) {
-  const int64_t per = backward_rows_per_cta(rows);
-  return (rows + per - 1) / per;
+// Ring slots for a ring of `slot_bytes` a slot next to `fixed_bytes` of weights and sums (see
+// kStageBudget), asked for: `knob` (0: the registers path, which some instances cannot take).
+inline int ring_stages(int knob, size_t slot_bytes, size_t fixed_bytes, bool async) {
+  if (!async) return 1;
+  const int want = knob > 0 ? knob : kDefaultStages;
+  const auto fit = [&](size_t limit) {
+    return fixed_bytes < limit ? static_cast<int>((limit - fixed_bytes) / slot_bytes) : 0;
+  };
+  const int budget = fit(kStageBudget) < want ? fit(kStageBudget) : want;
+  const int overlap = fit(kMaxSmem) < 2 ? fit(kMaxSmem) : 2;
+  const int stages = budget > overlap ? budget : (overlap < want ? overlap : want);
+  return stages < 1 ? 1 : stages;
+}
+
+// The backward's row partition, fixed by the row count and the program alone: at most
+// Cfg::kBackwardBands bands of at least kMinRowsPerCta rows.
+constexpr int64_t kMinRowsPerCta = 16;
+
+template <class Cfg>
+inline int64_t backward_rows_per_cta(int64_t rows) {
+  const int64_t even = (rows + Cfg::kBackwardBands - 1) / Cfg::kBackwardBands;
+  return even > kMinRowsPerCta ? even : kMinRowsPerCta;
 }
 
 inline int padded_cols(int cols) { return (cols + 3) / 4 * 4; }
@@ -657,14 +1301,26 @@ cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
-// Forward: grid-stride over rows with at most one wave of CTAs (rows are independent, so the
-// grid size changes no result). `narrow`/`wide` are the kernel's kNarrowEpt/kWideEpt instances.
-template <typename Kernel>
-cudaError_t launch_forward(Kernel narrow, Kernel wide, const ForwardParams& p, cudaStream_t stream) {
-  const Kernel kernel = elems_per_thread(p.cols) == kNarrowEpt ? narrow : wide;
-  const int groups = row_groups_per_cta(p.tpr);
+// Forward of one instance: grid-stride over rows with at most one wave of CTAs (rows are
+// independent, so the grid size changes no result).
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, typename Kernel>
+cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) {
+  p.tpr = threads_per_row(p.cols, kEpt);
+  const int groups = row_groups_per_cta<Cfg>(p.tpr);
   const int threads = p.tpr * groups;
-  const size_t smem = static_cast<size_t>(p.tpr) * elems_per_thread(p.cols) * sizeof(float);
+  size_t smem = 0;
+  if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, false>()) {
+    p.stages = 0;
+    smem = Weights<T, true, kEpt, WeightSource::kShared>::smem_bytes(p.tpr);
+  } else {
+    // The weights (if staged), then the ring of x (, g) (, residual).
+    const size_t weights =
+        Weights<T, kAligned, kEpt, weight_source<T, kAligned, kEpt, kGated, Cfg, false>()>::smem_bytes(p.tpr);
+    const int tensors = (kGated ? 2 : 1) + (p.residual != nullptr ? 1 : 0);
+    const size_t slot = static_cast<size_t>(tensors) * kEpt * threads * sizeof(T);
+    p.stages = ring_stages(Cfg::kForwardStages, slot, weights, async_copies<T, kAligned>());
+    smem = weights + p.stages * slot;
+  }
   int device = 0, sms = 0, per_sm = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -678,18 +1334,30 @@ cudaError_t launch_forward(Kernel narrow, Kernel wide, const ForwardParams& p, c
   return cudaGetLastError();
 }
 
-// Backward: one CTA per band of rows (the grid is fixed by the row count).
-template <typename Kernel>
-cudaError_t launch_backward(Kernel narrow, Kernel wide, const BackwardParams& p, int64_t ctas,
-                            cudaStream_t stream) {
-  const int ept = elems_per_thread(p.cols);
-  const Kernel kernel = ept == kNarrowEpt ? narrow : wide;
-  const int groups = row_groups_per_cta(p.tpr);
+// Backward of one instance: one CTA per band of rows (the grid is fixed by the row count).
+template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, typename Kernel>
+cudaError_t launch_backward(Kernel kernel, BackwardParams p, int64_t ctas, cudaStream_t stream) {
+  p.tpr = threads_per_row(p.cols, kEpt);
+  const int groups = row_groups_per_cta<Cfg>(p.tpr);
   const int threads = p.tpr * groups;
-  // Staged weights, then the row groups' partials (narrow, several groups) or the weight-gradient
-  // sums (wide instance).
-  const bool second = groups > 1 || ept == kWideEpt;
-  const size_t smem = static_cast<size_t>(p.tpr + (second ? threads : 0)) * ept * sizeof(float);
+  size_t smem = 0;
+  if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, true>()) {
+    // Staged weights, then the row groups' partials.
+    p.stages = 0;
+    smem = static_cast<size_t>(p.tpr + (groups > 1 ? threads : 0)) * kEpt * sizeof(float);
+  } else {
+    // The weights (if staged), the ring of s, dy (and g) plus one rstd a thread per slot, then
+    // the weight-gradient sums (if in shared memory). The partials (threads * kEpt floats) fit
+    // in the ring: it holds at least two tensors of threads * kEpt elements of 2 or 4 bytes.
+    const size_t weights =
+        Weights<T, kAligned, kEpt, weight_source<T, kAligned, kEpt, kGated, Cfg, true>()>::smem_bytes(p.tpr);
+    const int tensors = kGated ? 3 : 2;
+    const size_t slot = static_cast<size_t>(tensors) * kEpt * threads * sizeof(T) +
+                        static_cast<size_t>(threads) * sizeof(float);
+    const size_t sums = dw_in_shared<T, kEpt, kGated>() ? static_cast<size_t>(threads) * kEpt * sizeof(float) : 0;
+    p.stages = ring_stages(Cfg::kBackwardStages, slot, weights + sums, async_copies<T, kAligned>());
+    smem = weights + p.stages * slot + sums;
+  }
   const cudaError_t status = allow_smem(kernel, smem);
   if (status != cudaSuccess) return status;
   kernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(p);

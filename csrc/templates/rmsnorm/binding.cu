@@ -16,11 +16,15 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream);
 cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream);
+int64_t cake_library_backward_rows_per_cta(int64_t rows);
 
 namespace {
 
 constexpr int kElemBytes = CAKE_DTYPE == 2 ? 4 : 2;
 constexpr cake::rmsnorm::ProgramShape kShape{kElemBytes, CAKE_VECTOR ? 16 / kElemBytes : 1, CAKE_GATED != 0};
+constexpr cake::rmsnorm::Launchers kLaunchers{cake_library_launch_forward, cake_library_launch_backward,
+                                              cake_library_launch_dweight,
+                                              cake_library_backward_rows_per_cta};
 
 }  // namespace
 
@@ -30,18 +34,16 @@ CAKE_EXPORT int cake_library_abi_version(void) { return CAKE_ABI_VERSION; }
 
 CAKE_EXPORT int cake_library_forward(const int64_t* args, int32_t nargs, void* stream, char* error,
                                      int32_t error_len) {
-  return cake::rmsnorm::forward_entry(kShape, cake_library_launch_forward, args, nargs, stream, error,
-                                      error_len);
+  return cake::rmsnorm::forward_entry(kShape, kLaunchers, args, nargs, stream, error, error_len);
 }
 
 CAKE_EXPORT int cake_library_backward(const int64_t* args, int32_t nargs, void* stream, char* error,
                                       int32_t error_len) {
-  return cake::rmsnorm::backward_entry(kShape, cake_library_launch_backward, cake_library_launch_dweight,
-                                       args, nargs, stream, error, error_len);
+  return cake::rmsnorm::backward_entry(kShape, kLaunchers, args, nargs, stream, error, error_len);
 }
 
 CAKE_EXPORT int cake_library_workspace_bytes(const int64_t* args, int32_t nargs, void* stream,
                                              char* error, int32_t error_len) {
   (void)stream;
-  return cake::rmsnorm::workspace_entry(kShape, args, nargs, error, error_len);
+  return cake::rmsnorm::workspace_entry(kShape, kLaunchers, args, nargs, error, error_len);
 }

@@ -1,10 +1,19 @@
 // Kernels of an RMSNorm program (both families: cake_rmsnorm_det_train with CAKE_GATED 0,
-// cake_gated_rmsnorm_det_train with CAKE_GATED 1). The math, the layout and the determinism
-// argument are in cake/rmsnorm_common.cuh; this file fixes the element type and the route.
+// cake_gated_rmsnorm_det_train with CAKE_GATED 1). The math, the layout, the two pipelines and
+// the determinism argument are in cake/rmsnorm_common.cuh; this file fixes the element type, the
+// route and the tuning.
 //
 // Knobs: CAKE_DTYPE 0 bf16, 1 fp16, 2 fp32 (x, gate, dy, y, dx); CAKE_VECTOR 1 for 16-byte
 // loads (D a multiple of 16 / sizeof(T), 16-byte aligned tensors), 0 for element loads (any D).
+// Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
+// `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
+// CAKE_MIN_ELEMS_PER_THREAD, CAKE_MAX_ROW_THREADS, CAKE_CTA_THREADS, CAKE_L2_PREFETCH,
+// CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_BACKWARD_BANDS, and CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
+// the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
+// that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
+// ptxas then trades a few spilled bytes for occupancy).
 #include <cstdint>
+#include <type_traits>
 
 #include "cake/rmsnorm_common.cuh"
 
@@ -12,6 +21,17 @@
 #define CAKE_DTYPE 0
 #define CAKE_VECTOR 1
 #define CAKE_GATED 0
+#define CAKE_FORWARD_STAGES 3
+#define CAKE_BACKWARD_STAGES 2
+#define CAKE_MIN_ELEMS_PER_THREAD 16
+#define CAKE_MAX_ROW_THREADS 512
+#define CAKE_CTA_THREADS 256
+#define CAKE_L2_PREFETCH 0
+#define CAKE_FORWARD_WEIGHTS 0
+#define CAKE_BACKWARD_WEIGHTS 2
+#define CAKE_BACKWARD_BANDS 1024
+#define CAKE_FORWARD_MIN_BLOCKS 3
+#define CAKE_BACKWARD_MIN_BLOCKS 2
 // cake:end-params
 
 namespace {
@@ -26,21 +46,43 @@ using Elem = float;
 #error "CAKE_DTYPE must be 0 (bf16), 1 (fp16) or 2 (fp32)"
 #endif
 
-constexpr int kVec = CAKE_VECTOR ? 16 / static_cast<int>(sizeof(Elem)) : 1;
+constexpr bool kAligned = CAKE_VECTOR != 0;
 constexpr bool kGated = CAKE_GATED != 0;
+
+// The program's tuning, in the form cake/rmsnorm_common.cuh documents.
+struct Config {
+  static constexpr int kForwardStages = CAKE_FORWARD_STAGES;
+  static constexpr int kBackwardStages = CAKE_BACKWARD_STAGES;
+  static constexpr int kMinEpt = CAKE_MIN_ELEMS_PER_THREAD;
+  static constexpr int kMaxRowThreads = CAKE_MAX_ROW_THREADS;
+  static constexpr int kCtaThreads = CAKE_CTA_THREADS;
+  static constexpr int kL2Prefetch = CAKE_L2_PREFETCH;
+  static constexpr int kForwardWeights = CAKE_FORWARD_WEIGHTS;
+  static constexpr int kBackwardWeights = CAKE_BACKWARD_WEIGHTS;
+  static constexpr int kBackwardBands = CAKE_BACKWARD_BANDS;
+};
+static_assert(cake::rmsnorm::valid_config<Config>(),
+              "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
+
+// CTAs an SM in each instance's launch bound: the knob's, except for the widest instances (32
+// elements a thread), which need up to 128 registers a thread: one CTA.
+template <int kEpt>
+constexpr int kForwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_FORWARD_MIN_BLOCKS;
+template <int kEpt>
+constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS;
 
 }  // namespace
 
 template <int kEpt>
-__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads)
+__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
 kernel_cake_library_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
-  cake::rmsnorm::forward<Elem, kVec, kEpt, kGated>(p);
+  cake::rmsnorm::forward<Elem, kAligned, kEpt, kGated, Config>(p);
 }
 
 template <int kEpt>
-__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads)
+__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
 kernel_cake_library_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
-  cake::rmsnorm::backward<Elem, kVec, kEpt, kGated>(p);
+  cake::rmsnorm::backward<Elem, kAligned, kEpt, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
@@ -49,20 +91,26 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 }
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  using cake::rmsnorm::kNarrowEpt;
-  using cake::rmsnorm::kWideEpt;
-  return cake::rmsnorm::launch_forward(kernel_cake_library_forward<kNarrowEpt>,
-                                       kernel_cake_library_forward<kWideEpt>, p, stream);
+  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
+    constexpr int kEpt = decltype(ept)::value;
+    return cake::rmsnorm::launch_forward<Elem, kAligned, kEpt, kGated, Config>(
+        kernel_cake_library_forward<kEpt>, p, stream);
+  });
 }
 
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  using cake::rmsnorm::kNarrowEpt;
-  using cake::rmsnorm::kWideEpt;
-  return cake::rmsnorm::launch_backward(kernel_cake_library_backward<kNarrowEpt>,
-                                        kernel_cake_library_backward<kWideEpt>, p, ctas, stream);
+  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
+    constexpr int kEpt = decltype(ept)::value;
+    return cake::rmsnorm::launch_backward<Elem, kAligned, kEpt, kGated, Config>(
+        kernel_cake_library_backward<kEpt>, p, ctas, stream);
+  });
 }
 
 cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
   return cake::rmsnorm::launch_dweight(kernel_cake_library_dweight, p, stream);
+}
+
+int64_t cake_library_backward_rows_per_cta(int64_t rows) {
+  return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }
