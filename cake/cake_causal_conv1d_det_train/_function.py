@@ -25,8 +25,8 @@ import torch
 
 from ..core import host
 from . import _routes
-from ._validate import (recheck_backward, recheck_forward, validate_backward, validate_forward,
-                        validate_inputs)
+from ._validate import (DTYPES, recheck_backward, recheck_forward, validate_backward,
+                        validate_forward, validate_inputs)
 
 _FORWARD_ARITY = 5  # x, weight, bias, cu_seqlens, activation
 _ptr = host.data_pointer
@@ -37,27 +37,22 @@ _backward_plans = host.Memo()
 
 
 def _forward_plan(x, weight, bias, cu_seqlens, activation, out) -> host.Plan:
-    key = host.signature(x, weight, bias, cu_seqlens, out, activation)
-    plan = _forward_plans.get(key)
-    if plan is None:
-        problem = validate_forward(x, weight, bias, cu_seqlens, activation, out)
-        return _forward_plans.put(key, _plan(problem))
-    recheck_forward(x, weight, bias, cu_seqlens, out, plan.problem)
-    return plan
+    return _forward_plans.resolve(
+        host.signature(x, weight, bias, cu_seqlens, out, activation),
+        lambda: _plan(validate_forward(x, weight, bias, cu_seqlens, activation, out)),
+        lambda plan: recheck_forward(x, weight, bias, cu_seqlens, out, plan.problem))
 
 
 def _backward_plan(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight, dbias,
                    workspace) -> host.Plan:
-    key = host.signature(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
-                         activation, grad_dtype)
-    plan = _backward_plans.get(key)
-    if plan is None:
-        problem = validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx,
-                                    dweight, dbias, workspace,
-                                    lambda p: _plan(p).workspace_bytes)
-        return _backward_plans.put(key, _plan(problem))
-    recheck_backward(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace, plan.problem)
-    return plan
+    return _backward_plans.resolve(
+        host.signature(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
+                       activation, grad_dtype),
+        lambda: _plan(validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype,
+                                        dx, dweight, dbias, workspace,
+                                        lambda p: _plan(p).workspace_bytes)),
+        lambda plan: recheck_backward(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
+                                      workspace, plan.problem))
 
 
 def _forward_into(plan: host.Plan, x, weight, bias, cu_seqlens, y) -> None:
@@ -88,11 +83,7 @@ def _backward(plan: host.Plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=N
         dweight = torch.empty_like(weight, dtype=grad_dtype)
     if dbias is None and bias is not None:
         dbias = torch.empty_like(bias, dtype=grad_dtype)
-    if workspace is not None:
-        size = workspace.nbytes
-    else:
-        size = plan.workspace_bytes
-        workspace = x.new_empty(size, dtype=torch.uint8) if size else None
+    workspace, size = host.workspace_or_new(plan, workspace, x)
     _backward_into(plan, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace, size)
     return dx, dweight, dbias
 
@@ -186,12 +177,7 @@ def is_cake_causal_conv1d_det_train_supported(device: Optional[torch.device | in
                                               dtype: torch.dtype = torch.bfloat16) -> bool:
     """True when a CUDA device is present (``device``, default the current one), its arch is
     one the programs are built for, and ``dtype`` (x's) is bf16 or fp16. Compiles nothing."""
-    device = host.supported_device(device)
-    if dtype not in (torch.bfloat16, torch.float16) or device is None:
-        return False
-    arch = host.device_arch(device)
-    programs = host.program_set(__file__)
-    return any(arch in p.arches for p in programs.manifest.programs)
+    return host.supported(__file__, device, dtype, DTYPES)
 
 
 # --------------------------------------------------------------------------- autograd

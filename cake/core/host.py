@@ -322,6 +322,15 @@ class Memo:
             self._found[key] = value
         return value
 
+    def resolve(self, key, make, recheck):
+        """The value under ``key`` once ``recheck(value)`` has passed (the checks that the
+        key does not cover); otherwise ``make()``'s value, stored."""
+        value = self.get(key)
+        if value is None:
+            return self.put(key, make())
+        recheck(value)
+        return value
+
     def clear(self) -> None:
         with self._lock:
             self._found.clear()
@@ -350,6 +359,28 @@ class Plan:
             out = ctypes.c_int64(-1)
             library.entry("workspace_bytes")([*sizes, ctypes.addressof(out)], 0)
             self.workspace_bytes = out.value
+
+
+def workspace_or_new(plan: Plan, workspace: torch.Tensor | None,
+                     like: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+    """The backward's workspace and its size in bytes: the caller's (checked already), or a
+    new one of the plan's size on ``like``'s device (None when the problem needs none)."""
+    if workspace is not None:
+        return workspace, workspace.nbytes
+    size = plan.workspace_bytes
+    return (like.new_empty(size, dtype=torch.uint8) if size else None), size
+
+
+def supported(package_file: str, device: torch.device | int | None, dtype: torch.dtype,
+              dtypes: Sequence[torch.dtype]) -> bool:
+    """A family's ``is_*_supported``: ``dtype`` is one of ``dtypes``, ``device`` (None: the
+    current one) is a visible CUDA device, and its arch is one the package's programs are built
+    for. Compiles nothing."""
+    device = supported_device(device)
+    if dtype not in dtypes or device is None:
+        return False
+    arch = device_arch(device)
+    return any(arch in p.arches for p in program_set(package_file).manifest.programs)
 
 
 class Plans:

@@ -62,10 +62,6 @@ class Problem:
     def variant(self) -> dict:
         return {"dtype": host.dtype_name(self.dtype), "load": "vector" if self.vector else "scalar"}
 
-    @property
-    def rstd_shape(self) -> tuple:
-        return (self.rows,)
-
 
 def fp32_bits(value: float) -> int:
     """The bit pattern of ``value`` rounded to fp32, as the entries take float arguments."""
@@ -218,21 +214,12 @@ def _check_backward_disjoint(*, dy, x, gate, weight, rstd, dsum, dx, dg, dresidu
 # --------------------------------------------------------------------------- routing
 
 
-# (id(manifest), variant items, arch, D) -> program; D takes at most 16384 values.
-_chosen: dict[tuple, tuple[mf.Manifest, mf.Program]] = {}
-
-
 def select(manifest: mf.Manifest, problem: Problem, arch: str | None) -> mf.Program:
     """The program of the family's manifest serving ``problem`` on ``arch`` (None: any arch):
-    the one of the call's (dtype, load) variant whose ``cols_min``..``cols_max`` holds D."""
-    key = (id(manifest), problem.dtype, problem.vector, arch, problem.cols)
-    found = _chosen.get(key)
-    if found is not None and found[0] is manifest:
-        return found[1]
-    program = host.select_program(manifest, variant=problem.variant, arch=arch,
-                                  bands={"cols": problem.cols}, floors={})
-    _chosen[key] = (manifest, program)
-    return program
+    the one of the call's (dtype, load) variant whose ``cols_min``..``cols_max`` holds D.
+    Runs once per problem (``host.Plans`` keeps the result)."""
+    return host.select_program(manifest, variant=problem.variant, arch=arch,
+                               bands={"cols": problem.cols}, floors={})
 
 
 # --------------------------------------------------------------------------- launching
@@ -269,12 +256,7 @@ class Programs:
 
     def supported(self, device: Optional[torch.device | int], dtype: torch.dtype) -> bool:
         """A CUDA device is present and its arch is one the programs are built for."""
-        device = host.supported_device(device)
-        if dtype not in DTYPES or device is None:
-            return False
-        arch = host.device_arch(device)
-        manifest = host.program_set(self._package_file).manifest
-        return any(arch in p.arches for p in manifest.programs)
+        return host.supported(self._package_file, device, dtype, DTYPES)
 
     def workspace_bytes(self, *, x, gate, weight) -> int:
         """The backward workspace for x and weight (the vector route when x allows it)."""
@@ -289,15 +271,14 @@ class Programs:
                      residual_out=None, rstd=None) -> host.Plan:
         key = host.signature(x, gate, weight, residual, out, residual_out, rstd, eps,
                              weight_offset, host.aligned(x, gate, residual, out, residual_out))
-        plan = self._forward_plans.get(key)
-        if plan is None:
-            problem = validate_forward(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
-                                       weight_offset=weight_offset, gated=self._gated, out=out,
-                                       residual_out=residual_out, rstd=rstd)
-            return self._forward_plans.put(key, self.plan(problem))
-        recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
-                        residual_out=residual_out, rstd=rstd)
-        return plan
+        return self._forward_plans.resolve(
+            key,
+            lambda: self.plan(validate_forward(
+                x=x, gate=gate, weight=weight, residual=residual, eps=eps,
+                weight_offset=weight_offset, gated=self._gated, out=out,
+                residual_out=residual_out, rstd=rstd)),
+            lambda plan: recheck_forward(x=x, gate=gate, weight=weight, residual=residual,
+                                         out=out, residual_out=residual_out, rstd=rstd))
 
     def backward_plan(self, *, dy, x, gate, weight, rstd, dsum, weight_offset, has_residual,
                       grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
@@ -305,17 +286,16 @@ class Programs:
         key = host.signature(dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dweight,
                              workspace, weight_offset, has_residual, grad_dtype,
                              host.aligned(x, gate, dy, dsum, dx, dg, dresidual))
-        plan = self._backward_plans.get(key)
-        if plan is None:
-            problem = validate_backward(
+        return self._backward_plans.resolve(
+            key,
+            lambda: self.plan(validate_backward(
                 dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
                 weight_offset=weight_offset, gated=self._gated, has_residual=has_residual,
                 grad_dtype=grad_dtype, dx=dx, dg=dg, dresidual=dresidual, dweight=dweight,
-                workspace=workspace, workspace_need=lambda p: self.plan(p).workspace_bytes)
-            return self._backward_plans.put(key, self.plan(problem))
-        recheck_backward(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum, dx=dx,
-                         dg=dg, dresidual=dresidual, dweight=dweight, workspace=workspace)
-        return plan
+                workspace=workspace, workspace_need=lambda p: self.plan(p).workspace_bytes)),
+            lambda plan: recheck_backward(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd,
+                                          dsum=dsum, dx=dx, dg=dg, dresidual=dresidual,
+                                          dweight=dweight, workspace=workspace))
 
     def _autograd_backward_plan(self, plan: host.Plan, *, s, gate, dy, dsum) -> host.Plan:
         """The plan of the backward of a forward that ran with ``plan``: the same program
@@ -363,11 +343,7 @@ class Programs:
             dresidual = torch.empty_like(x)
         if dweight is None:
             dweight = torch.empty_like(weight, dtype=grad_dtype)
-        if workspace is not None:
-            size = workspace.nbytes
-        else:
-            size = plan.workspace_bytes
-            workspace = x.new_empty(size, dtype=torch.uint8) if size else None
+        workspace, size = host.workspace_or_new(plan, workspace, x)
         plan.backward(
             [x.data_ptr(), _ptr(gate), weight.data_ptr(), dy.data_ptr(), rstd.data_ptr(),
              _ptr(dsum), dx.data_ptr(), _ptr(dresidual), _ptr(dg), _ptr(workspace), size,

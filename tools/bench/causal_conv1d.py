@@ -19,7 +19,6 @@ see SPEC section 8 for its figures on the same H200.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import sys
 from pathlib import Path
 
@@ -229,17 +228,9 @@ def run_tune(*, iters: int, bench: harness.Bench, bandwidth: float):
 
 def precompile() -> None:
     """JIT-compiles every program of the family for this GPU's arch, 16 at a time."""
-    from cake.core import jit, loader
-
     import cake.cake_causal_conv1d_det_train as package
 
-    programs = loader.ProgramSet.for_package(Path(package.__file__).parent)
-    arch = loader.device(0).arch
-    todo = [p for p in programs.manifest.programs if arch in p.arches]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda p: jit.compile_program(programs.tree, programs.manifest, p, arch),
-                      todo))
-    print(f"precompiled {len(todo)} programs for {arch}")
+    print(f"precompiled {harness.precompile([Path(package.__file__).parent])} programs")
 
 
 def profile_host(calls: int = 300) -> None:

@@ -110,6 +110,26 @@ class Bench:
         return 2 * nbytes / (timing.median * 1e-3)
 
 
+def precompile(package_dirs: Sequence[Path], only: Callable | None = None,
+               workers: int = 16) -> int:
+    """JIT-compiles, ``workers`` at a time, the programs of the family packages in
+    ``package_dirs`` built for GPU 0's arch (those ``only(program)`` accepts, when given) that
+    have no library yet; returns how many it compiled."""
+    from cake.core import jit, loader
+
+    arch = loader.device(0).arch
+    jobs = []
+    for package_dir in package_dirs:
+        programs = loader.ProgramSet.for_package(Path(package_dir))
+        jobs += [(programs, p) for p in programs.manifest.programs
+                 if arch in p.arches and (only is None or only(p))
+                 and programs.state(p, arch) == "would compile"]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda job: jit.compile_program(job[0].tree, job[0].manifest, job[1], arch),
+                      jobs))
+    return len(jobs)
+
+
 def tune_libraries(family, params: Mapping[str, Mapping[str, object]], *, repo: Path,
                    workers: int = 16) -> dict:
     """Renders one program of ``family`` (a ``tools.render.Family``: its name and templates) per

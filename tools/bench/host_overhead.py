@@ -31,13 +31,19 @@ has no prebuilt libraries, outside the timing.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+for path in (REPO, REPO / "tools", REPO / "tools" / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import harness  # noqa: E402
 
 CONV_SHAPES = ((32768, 264), (65536, 384))
 RMSNORM_SHAPES = ((8, 1024), (65536, 1024))
@@ -113,15 +119,8 @@ def _identity_functions():
 
 def _precompile(programs, used) -> None:
     """JIT-compiles, in parallel, the programs of ``used`` that have no library for GPU 0."""
-    import torch
-
-    from cake.core import host, jit
-
-    arch = host.device_arch(torch.device("cuda", 0))
-    missing = {p.library: p for p in used if programs.state(p, arch) == "would compile"}
-    with concurrent.futures.ThreadPoolExecutor(max(1, len(missing))) as pool:
-        list(pool.map(lambda p: jit.compile_program(programs.tree, programs.manifest, p, arch),
-                      missing.values()))
+    libraries = {p.library for p in used}
+    harness.precompile([programs.package_dir], only=lambda p: p.library in libraries)
 
 
 def conv_cases(torch, Identity, IdentityWithWeightGrad):

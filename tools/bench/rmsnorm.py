@@ -39,7 +39,6 @@ mode ``llama``, in-place backward). quack is not run: its CUDA 13 dependency
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import sys
 from pathlib import Path
 
@@ -66,20 +65,11 @@ def op_bytes(op: str, t: int, d: int) -> int:
 
 def precompile() -> None:
     """JIT-compiles every program of both families for this GPU's arch, in parallel."""
-    from cake.core import jit, loader
-
     import cake.cake_gated_rmsnorm_det_train as gated
     import cake.cake_rmsnorm_det_train as plain
 
-    jobs = []
-    arch = loader.device(0).arch
-    for package in (plain, gated):
-        programs = loader.ProgramSet.for_package(Path(package.__file__).parent)
-        jobs += [(programs, p) for p in programs.manifest.programs if arch in p.arches]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda job: jit.compile_program(job[0].tree, job[0].manifest, job[1], arch),
-                      jobs))
-    print(f"precompiled {len(jobs)} programs for {arch}")
+    count = harness.precompile([Path(plain.__file__).parent, Path(gated.__file__).parent])
+    print(f"precompiled {count} programs")
 
 
 def _peers():
