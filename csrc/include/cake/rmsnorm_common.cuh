@@ -26,9 +26,10 @@
 //   copies on the unaligned fp32 route; the unaligned 16-bit route copies synchronously and uses
 //   one slot), so stages - 1 rows are in flight while one is reduced, at no register cost (see
 //   Ring for who copies what, and the barriers of the unaligned route).
-// * registers (the direction's stages knob 0, narrow aligned instances only): the next row is
-//   loaded into a second set of registers while the current one is reduced; weights are staged
-//   in shared memory. This was the design before the ring; it stays selectable for comparison.
+// * registers (the direction's stages knob 0, narrow aligned instances only; other instances
+//   of such a program use a 2-slot ring): the next row is loaded into a second set of registers
+//   while the current one is reduced; weights are staged in shared memory. RMSNorm's forward
+//   ships with it (tools/families/cake_rmsnorm_det_train.py, from the H200 sweep).
 // Both paths compute the same expressions in the same order, so for the same D band and
 // partition they give the same bits.
 //

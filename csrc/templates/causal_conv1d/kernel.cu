@@ -60,7 +60,7 @@ using Act = __nv_bfloat16;
 using Act = __half;
 #endif
 
-constexpr int kVec = CAKE_VEC;  // channels per thread (one 16- or 8-byte shared-memory access)
+constexpr int kVec = CAKE_VEC;  // channels per thread (one 16- or 8-byte access)
 static_assert(kVec == 8 || kVec == 4, "a thread owns 8 or 4 channels");
 constexpr int kWidth = 4;
 constexpr int kChannelThreads = CAKE_CHANNEL_THREADS;
@@ -68,7 +68,8 @@ constexpr int kRowGroups = CAKE_ROW_GROUPS;
 constexpr int kThreads = kChannelThreads * kRowGroups;  // forward
 constexpr int kTile = kChannelThreads * kVec;  // channels per block
 // Backward: a block of kChannelThreads x kTokenThreads threads; each thread walks
-// kIterations runs of kRun tokens (registers only), the block a span of kBackwardSpan tokens.
+// kIterations runs of kRun tokens (registers only), the block a tile of kBackwardTileTokens
+// tokens.
 constexpr int kTokenThreads = CAKE_TOKEN_THREADS;
 constexpr int kBackwardThreads = kChannelThreads * kTokenThreads;
 constexpr int kRun = CAKE_TOKENS_PER_THREAD;
@@ -554,7 +555,7 @@ __device__ __forceinline__ void backward_body(const Params& p) {
   }
   __syncthreads();
   for (int item = threadIdx.x; item < kTaps * kVec * kChannelThreads; item += kBackwardThreads) {
-    const int row = item / kChannelThreads;  // tap * 8 + channel within the vector
+    const int row = item / kChannelThreads;  // tap * kVec + channel within the vector
     const int col = item % kChannelThreads;
     float sum = 0.f;
 #pragma unroll 8
@@ -566,9 +567,9 @@ __device__ __forceinline__ void backward_body(const Params& p) {
 
 // ------------------------------------------------------------------------------ reduction
 
-// Column col = row * C + c of the partials (row: tap 0..3, or 4 for the bias). Its spans are
-// split into kReduceGroups contiguous groups; each group is summed in span order, then the
-// groups in group order. The split depends only on the number of spans.
+// Column col = row * C + c of the partials (row: tap 0..3, or 4 for the bias). Its token tiles
+// are split into kReduceGroups contiguous groups; each group is summed in tile order, then the
+// groups in group order. The split depends only on the number of tiles.
 template <typename Out>
 __device__ __forceinline__ void reduce_body(const Params& p) {
   __shared__ float part[kReduceGroups][kReduceColumns];
