@@ -30,7 +30,8 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # backward bands run in whole waves of 528 (264) CTAs on 132 SMs.
 TUNING = {"CAKE_FORWARD_STAGES": 3, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_MAX_ROW_THREADS": 512, "CAKE_CTA_THREADS": 256, "CAKE_L2_PREFETCH": 0,
-          "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_BACKWARD_BANDS": 1024,
+          "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 0,
+          "CAKE_BACKWARD_BANDS": 1024,
           "CAKE_FORWARD_MIN_BLOCKS": 3, "CAKE_BACKWARD_MIN_BLOCKS": 2}
 # Per family, from the H200 sweep of 2026-11-29 (tools/bench/results/
 # 2026-11-29-h200-rmsnorm-tune.json; % of copy bandwidth at the issue's 8 shapes):
@@ -39,8 +40,8 @@ TUNING = {"CAKE_FORWARD_STAGES": 3, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_P
 # bound (80-92% against 79-89%); the gated backward, whose ring slot holds three tensors, keeps
 # a 3-slot ring without the register bound (80-85% against 74-81%; its rows in registers
 # measured 81-86% but spill 16 bytes at the 128 registers a 512-thread row allows).
-PLAIN_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0}
-GATED_TUNING = {"CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_STAGES": 3,
+PLAIN_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_FORWARD_CTA_ROWS": 8}
+GATED_TUNING = {"CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_FORWARD_CTA_ROWS": 16, "CAKE_BACKWARD_STAGES": 3,
                 "CAKE_BACKWARD_MIN_BLOCKS": 0}
 # The scalar route's backward needs more than 64 registers a thread (it spills at 64).
 SCALAR_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}

@@ -49,6 +49,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cake/fast_math.cuh"
+
 namespace cake {
 namespace rmsnorm {
 
@@ -86,6 +88,10 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kForwardWeights      where staged forward instances below kMaxEpt read the weights from:
 //                        0 shared memory, 1 registers, 2 global memory through L1 (weight_source)
 //   kBackwardWeights     the same for the backward
+//   kForwardCtaRows      rows a forward CTA aims to take: 0 one wave of persistent CTAs (the
+//                        grid follows the occupancy); n > 0 about rows / n CTAs (at least one
+//                        row step each), so that the block scheduler evens out the SMs, which
+//                        drain DRAM at different rates (a persistent wave ends with the slowest)
 //   kBackwardBands       at most this many backward CTAs (weight-gradient partial rows)
 template <class Cfg>
 __host__ __device__ constexpr bool valid_config() {
@@ -95,7 +101,7 @@ __host__ __device__ constexpr bool valid_config() {
          (Cfg::kCtaThreads == 128 || Cfg::kCtaThreads == 256 || Cfg::kCtaThreads == 512) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
-         Cfg::kBackwardWeights <= 2 && Cfg::kBackwardBands >= 1;
+         Cfg::kBackwardWeights <= 2 && Cfg::kForwardCtaRows >= 0 && Cfg::kBackwardBands >= 1;
 }
 
 // --------------------------------------------------------------------------- parameters
@@ -184,14 +190,7 @@ struct Pack {
       for (int v = 0; v < kVec; ++v) w[v] = __float_as_uint(f[v]);
     } else {
 #pragma unroll
-      for (int v = 0; v < kVec; v += 2) w[v >> 1] = bits16(f[v]) | (bits16(f[v + 1]) << 16);
-    }
-  }
-  __device__ __forceinline__ static uint32_t bits16(float f) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-      return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-    } else {
-      return __half_as_ushort(__float2half_rn(f));
+      for (int v = 0; v < kVec; v += 2) w[v >> 1] = cake::pack2<T>(f[v], f[v + 1]);
     }
   }
 };
@@ -270,8 +269,6 @@ __device__ __forceinline__ float load_weight(const void* weight, int weight_fp32
                      : to_float(static_cast<const T*>(weight)[index]);
 }
 
-// __fdividef: one reciprocal instead of an IEEE division (a few ulp; 0 once 1 + e^-g overflows).
-__device__ __forceinline__ float sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
 
 // --------------------------------------------------------------------------- cp.async
 
@@ -1302,8 +1299,8 @@ cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
-// Forward of one instance: grid-stride over rows with at most one wave of CTAs (rows are
-// independent, so the grid size changes no result).
+// Forward of one instance: grid-stride over rows, with one wave of CTAs or CTAs of about
+// Cfg::kForwardCtaRows rows (rows are independent, so the grid changes no result).
 template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, typename Kernel>
 cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) {
   p.tpr = threads_per_row(p.cols, kEpt);
@@ -1322,15 +1319,24 @@ cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) 
     p.stages = ring_stages(Cfg::kForwardStages, slot, weights, async_copies<T, kAligned>());
     smem = weights + p.stages * slot;
   }
-  int device = 0, sms = 0, per_sm = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (status == cudaSuccess) status = allow_smem(kernel, smem);
-  if (status == cudaSuccess) status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  cudaError_t status = allow_smem(kernel, smem);
   if (status != cudaSuccess) return status;
-  const int64_t wave = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   const int64_t needed = (p.rows + groups - 1) / groups;
-  const int64_t grid = needed < wave ? needed : wave;
+  int64_t grid = 0;
+  if constexpr (Cfg::kForwardCtaRows > 0) {
+    constexpr int64_t kMaxGrid = int64_t{1} << 30;  // grid-stride covers the rest
+    const int64_t steps = Cfg::kForwardCtaRows > groups ? Cfg::kForwardCtaRows / groups : 1;
+    grid = (needed + steps - 1) / steps;
+    grid = grid < kMaxGrid ? grid : kMaxGrid;
+  } else {
+    int device = 0, sms = 0, per_sm = 0;
+    status = cudaGetDevice(&device);
+    if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (status == cudaSuccess) status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+    if (status != cudaSuccess) return status;
+    const int64_t wave = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    grid = needed < wave ? needed : wave;
+  }
   kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(p);
   return cudaGetLastError();
 }

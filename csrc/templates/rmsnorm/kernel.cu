@@ -8,7 +8,8 @@
 // Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
 // CAKE_MIN_ELEMS_PER_THREAD, CAKE_MAX_ROW_THREADS, CAKE_CTA_THREADS, CAKE_L2_PREFETCH,
-// CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_BACKWARD_BANDS, and CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
+// CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS, and
+// CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
 // the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
 // that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
 // ptxas then trades a few spilled bytes for occupancy).
@@ -29,6 +30,7 @@
 #define CAKE_L2_PREFETCH 0
 #define CAKE_FORWARD_WEIGHTS 0
 #define CAKE_BACKWARD_WEIGHTS 2
+#define CAKE_FORWARD_CTA_ROWS 0
 #define CAKE_BACKWARD_BANDS 1024
 #define CAKE_FORWARD_MIN_BLOCKS 3
 #define CAKE_BACKWARD_MIN_BLOCKS 2
@@ -59,6 +61,7 @@ struct Config {
   static constexpr int kL2Prefetch = CAKE_L2_PREFETCH;
   static constexpr int kForwardWeights = CAKE_FORWARD_WEIGHTS;
   static constexpr int kBackwardWeights = CAKE_BACKWARD_WEIGHTS;
+  static constexpr int kForwardCtaRows = CAKE_FORWARD_CTA_ROWS;
   static constexpr int kBackwardBands = CAKE_BACKWARD_BANDS;
 };
 static_assert(cake::rmsnorm::valid_config<Config>(),
