@@ -35,22 +35,22 @@ SHAPES = [(250340, c) for c in (512, 1024, 2048, 4096, 8192)] + [
 SMALL = [(32768, 264), (65536, 384)]
 BYTES = {"fwd": 4, "bwd": 6, "fwd+bwd": 10}
 
-# Forward streaming geometries swept by --tune (knobs of csrc/templates/causal_conv1d/kernel.cu):
-# c<channel threads>g<row groups>, f<rows>x<stages>x<chunks>, m<forward min blocks per SM>; the
-# backward keeps the "long" tile's knobs (its channel threads follow c).
-def _tile(c, g, fwd, m):
+# Geometries swept by --tune (knobs of csrc/templates/causal_conv1d/kernel.cu): the forward's
+# c<channel threads>g<row groups>, f<rows>x<stages>x<chunks>, m<min blocks per SM>, and the
+# backward's b<token threads>x<tokens per step>x<steps per span>, m<min blocks per SM>.
+def _tile(c, g, fwd, m, bwd):
     return dict(CAKE_VEC=4, CAKE_CHANNEL_THREADS=c, CAKE_ROW_GROUPS=g,
                 CAKE_FORWARD_ROWS=fwd[0], CAKE_FORWARD_STAGES=fwd[1], CAKE_FORWARD_CHUNKS=fwd[2],
-                CAKE_FORWARD_MIN_BLOCKS=m, CAKE_TOKEN_THREADS=256 // c,
-                CAKE_TOKENS_PER_THREAD=8, CAKE_ITERATIONS=8, CAKE_BACKWARD_MIN_BLOCKS=2,
+                CAKE_FORWARD_MIN_BLOCKS=m, CAKE_TOKEN_THREADS=bwd[0],
+                CAKE_TOKENS_PER_THREAD=bwd[1], CAKE_ITERATIONS=bwd[2], CAKE_BACKWARD_MIN_BLOCKS=bwd[3],
                 CAKE_BACKWARD_SCALAR_MIN_BLOCKS=1)
 
 
+# The "long" forward with backward spans around the family table's (b8x8x8 m2).
 TUNE_TILES = {
-    "c32g4 f32x4x16 m4": _tile(32, 4, (32, 4, 16), 4),
-    "c32g4 f64x4x8 m4": _tile(32, 4, (64, 4, 8), 4),
-    "c32g8 f32x4x16 m4": _tile(32, 8, (32, 4, 16), 4),
-    "c16g8 f32x4x8 m5": _tile(16, 8, (32, 4, 8), 5),
+    f"b{t}x{r}x{i} m{mb}": _tile(32, 4, (32, 4, 16), 4, (t, r, i, mb))
+    for t, r, i, mb in ((8, 8, 8, 2), (8, 8, 16, 2), (8, 4, 16, 2), (8, 4, 16, 3), (4, 8, 8, 4),
+                        (4, 8, 16, 4), (16, 8, 4, 1))
 }
 TUNE_SHAPES = [(250340, 512), (250340, 2048), (250340, 8192), (32768, 264), (65536, 384)]
 

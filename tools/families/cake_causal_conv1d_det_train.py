@@ -18,13 +18,14 @@ _CHANNELS_MAX = 1 << 31
 
 # name: (route, params). VEC = 4: a thread owns 4 channels. Forward: a block streams a span of
 # FORWARD_ROWS * FORWARD_CHUNKS tokens of one tile of CHANNEL_THREADS * 4 channels through a ring
-# of FORWARD_STAGES stages in shared memory (ROW_GROUPS threads across rows). Backward: a block
-# covers TOKEN_THREADS * TOKENS_PER_THREAD * ITERATIONS tokens (one fp32 workspace partial per
-# such tile, tap or bias, and channel); <= 128 registers, two blocks per SM. FORWARD_MIN_BLOCKS:
-# resident 128-thread forward blocks per SM the registers must allow (no spills on either access
-# path; tests/causal_conv1d/test_causal_conv1d_cpu.py). Both from H200
-# sweeps (tools/bench/causal_conv1d.py --tune, tools/bench/results/): 2026-11-29 (backward,
-# VEC = 4 ahead of 8 at every shape) and a later run that day (forward streaming geometries).
+# of FORWARD_STAGES stages in shared memory (ROW_GROUPS threads across rows). Backward: each of a
+# block's TOKEN_THREADS threads of a channel walks TOKENS_PER_THREAD * ITERATIONS consecutive
+# tokens (one fp32 workspace partial per block tile, tap or bias, and channel); <= 128 registers.
+# *_MIN_BLOCKS: resident blocks per SM the registers must allow (no spills on either access
+# path; tests/causal_conv1d/test_causal_conv1d_cpu.py). From H200 sweeps (tools/bench/
+# causal_conv1d.py --tune, tools/bench/results/), 2026-11-29: VEC = 4 ahead of 8 at every shape,
+# the forward streaming geometries, and the backward spans (4 x 128 tokens a block: 80-90% of
+# copy bandwidth at C = 512-8192 against 77-84% for 8 x 64).
 TILES = {
     # Any C, short packs (and every pack with C < 256): 64 channels; forward spans of 256
     # tokens (128-thread blocks) so that a 32k-token pack still fills the GPU.
@@ -35,12 +36,12 @@ TILES = {
                "CAKE_TOKEN_THREADS": 16, "CAKE_TOKENS_PER_THREAD": 8, "CAKE_ITERATIONS": 1,
                "CAKE_BACKWARD_MIN_BLOCKS": 2, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 2}),
     # C >= 256, long packs: 128 channels; forward spans of 512 tokens (128-thread blocks);
-    # the backward walks 8 x 64 tokens per block (512-token tiles: fewer partials to reduce).
+    # the backward walks 4 x 128 tokens per block (128-thread blocks, 512-token tiles).
     "long": ({"channels_min": 256, "channels_max": _CHANNELS_MAX, "tokens_min": 65536},
              {"CAKE_VEC": 4, "CAKE_CHANNEL_THREADS": 32, "CAKE_ROW_GROUPS": 4,
               "CAKE_FORWARD_ROWS": 32, "CAKE_FORWARD_STAGES": 4, "CAKE_FORWARD_CHUNKS": 16,
-              "CAKE_FORWARD_MIN_BLOCKS": 4, "CAKE_TOKEN_THREADS": 8, "CAKE_TOKENS_PER_THREAD": 8, "CAKE_ITERATIONS": 8,
-              "CAKE_BACKWARD_MIN_BLOCKS": 2, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}),
+              "CAKE_FORWARD_MIN_BLOCKS": 4, "CAKE_TOKEN_THREADS": 4, "CAKE_TOKENS_PER_THREAD": 8,
+              "CAKE_ITERATIONS": 16, "CAKE_BACKWARD_MIN_BLOCKS": 4, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}),
 }
 
 DTYPES = {"bfloat16": 1, "float16": 0}

@@ -32,6 +32,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cake/fast_math.cuh"
 #include "cake/program.h"
 
 // cake:params
@@ -67,9 +68,9 @@ constexpr int kChannelThreads = CAKE_CHANNEL_THREADS;
 constexpr int kRowGroups = CAKE_ROW_GROUPS;
 constexpr int kThreads = kChannelThreads * kRowGroups;  // forward
 constexpr int kTile = kChannelThreads * kVec;  // channels per block
-// Backward: a block of kChannelThreads x kTokenThreads threads; each thread walks
-// kIterations runs of kRun tokens (registers only), the block a tile of kBackwardTileTokens
-// tokens.
+// Backward: a block of kChannelThreads x kTokenThreads threads; each thread walks a span of
+// kIterations * kRun consecutive tokens, kRun at a time (registers only), the block a tile of
+// kBackwardTileTokens tokens.
 constexpr int kTokenThreads = CAKE_TOKEN_THREADS;
 constexpr int kBackwardThreads = kChannelThreads * kTokenThreads;
 constexpr int kRun = CAKE_TOKENS_PER_THREAD;
@@ -154,7 +155,23 @@ struct Pack {
   __device__ __forceinline__ float operator[](int j) const {
     return to_float(reinterpret_cast<const Act*>(&raw)[j]);
   }
+  __device__ __forceinline__ void to_floats(float (&out)[kVec]) const {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = (*this)[j];
+  }
 };
+
+// The four rows x[u-3..u] of a thread's VEC channels, as floats. The runs slide it one row a
+// token, so that each row is converted once (not once per tap that reads it).
+using Window = float[kWidth][kVec];
+
+__device__ __forceinline__ void slide(Window& x, const Pack& next) {
+#pragma unroll
+  for (int k = 0; k + 1 < kWidth; ++k)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) x[k][j] = x[k + 1][j];
+  next.to_floats(x[kWidth - 1]);
+}
 
 // ------------------------------------------------------------------------------ staging
 
@@ -170,23 +187,36 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Copies rows [q0, q0 + rows) of the block's span (token tb + q) of `src` into `ring` (row q at
+// Copies rows [q0, q0 + kRows) of the block's span (token tb + q) of `src` into `ring` (row q at
 // q & (kRing - 1)); rows outside [0, S) and channels past C read as zero. kAsync: 16-byte
-// cp.async pieces (C % 8 == 0, 16-byte aligned src); otherwise element by element.
-template <int kRing, bool kAsync>
+// cp.async pieces (C % 8 == 0, 16-byte aligned src), each thread always the same piece of a row
+// (so its column and its checks are worked out once); otherwise element by element.
+template <int kRing, bool kAsync, int kRows>
 __device__ __forceinline__ void copy_rows(Act* ring, const Act* __restrict__ src, int64_t tb,
-                                          int q0, int rows, int64_t tile0, const Params& p) {
+                                          int q0, int64_t tile0, const Params& p) {
   if constexpr (kAsync) {
     constexpr int kPieces = kTile / kPiece;
-    for (int i = threadIdx.x; i < rows * kPieces; i += kThreads) {
-      const int r = i / kPieces, piece = i % kPieces;
-      const int64_t t = tb + q0 + r, c = tile0 + piece * kPiece;
-      const bool valid = t >= 0 && t < p.tokens && c < p.channels;
-      cp_async16(ring + ((q0 + r) & (kRing - 1)) * kTile + piece * kPiece,
-                 valid ? src + t * p.channels + c : src, valid);
+    static_assert(kThreads % kPieces == 0, "a block copies whole rows of pieces per pass");
+    constexpr int kRowsPerPass = kThreads / kPieces;
+    constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+    const int piece = threadIdx.x % kPieces;
+    const int r0 = threadIdx.x / kPieces;
+    const int64_t c = tile0 + piece * kPiece;
+    const bool column_ok = c < p.channels;
+    int64_t t = tb + q0 + r0;
+    const Act* from = src + t * p.channels + c;  // stepped by whole passes; read only when valid
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int r = r0 + pass * kRowsPerPass;
+      if (kRows % kRowsPerPass == 0 || r < kRows) {
+        const bool valid = column_ok && t >= 0 && t < p.tokens;
+        cp_async16(ring + ((q0 + r) & (kRing - 1)) * kTile + piece * kPiece, valid ? from : src, valid);
+      }
+      t += kRowsPerPass;
+      from += static_cast<int64_t>(kRowsPerPass) * p.channels;
     }
   } else {
-    for (int i = threadIdx.x; i < rows * kTile; i += kThreads) {
+    for (int i = threadIdx.x; i < kRows * kTile; i += kThreads) {
       const int r = i / kTile, col = i % kTile;
       const int64_t t = tb + q0 + r, c = tile0 + col;
       ring[((q0 + r) & (kRing - 1)) * kTile + col] =
@@ -231,10 +261,10 @@ __device__ __forceinline__ void store_row(Act* __restrict__ base, int64_t t, int
   Act* row = base + t * p.channels + c0;
   if constexpr (kAligned) {
     PackRaw raw;
-    Act* out = reinterpret_cast<Act*>(&raw);
+    uint32_t* words = reinterpret_cast<uint32_t*>(&raw);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) out[j] = from_float<Act>(v[j]);
-    *reinterpret_cast<PackRaw*>(row) = raw;
+    for (int j = 0; j < kVec; j += 2) words[j / 2] = cake::pack2<Act>(v[j], v[j + 1]);
+    __stwb(reinterpret_cast<PackRaw*>(row), raw);  // one vector store (a plain copy splits it)
   } else {
 #pragma unroll
     for (int j = 0; j < kVec; ++j)
@@ -305,25 +335,21 @@ __device__ __forceinline__ int masked_taps(int64_t start, int64_t u) {
   return m < 0 ? 0 : (m > 3 ? 3 : static_cast<int>(m));
 }
 
-// sigmoid with the approximate reciprocal (MUFU.RCP); the same instructions every run.
-__device__ __forceinline__ float sigmoid_of(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
-
 // z = bias + sum_k w[k] x[u-3+k] over live taps (k >= m), for the VEC channels.
 template <bool kMasked>
 __device__ __forceinline__ void conv(const float (&w)[kWidth][kVec], const float (&b)[kVec],
-                                     const Pack& x0, const Pack& x1, const Pack& x2,
-                                     const Pack& x3, int m, float (&z)[kVec]) {
+                                     const Window& x, int m, float (&z)[kVec]) {
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
-    float acc = fmaf(w[3][j], x3[j], b[j]);
+    float acc = fmaf(w[3][j], x[3][j], b[j]);
     if (kMasked) {
-      acc = m <= 2 ? fmaf(w[2][j], x2[j], acc) : acc;
-      acc = m <= 1 ? fmaf(w[1][j], x1[j], acc) : acc;
-      acc = m <= 0 ? fmaf(w[0][j], x0[j], acc) : acc;
+      acc = m <= 2 ? fmaf(w[2][j], x[2][j], acc) : acc;
+      acc = m <= 1 ? fmaf(w[1][j], x[1][j], acc) : acc;
+      acc = m <= 0 ? fmaf(w[0][j], x[0][j], acc) : acc;
     } else {
-      acc = fmaf(w[2][j], x2[j], acc);
-      acc = fmaf(w[1][j], x1[j], acc);
-      acc = fmaf(w[0][j], x0[j], acc);
+      acc = fmaf(w[2][j], x[2][j], acc);
+      acc = fmaf(w[1][j], x[1][j], acc);
+      acc = fmaf(w[0][j], x[0][j], acc);
     }
     z[j] = acc;
   }
@@ -366,9 +392,13 @@ __device__ __forceinline__ void forward_run(const Params& p, const Act* ring, in
   Pack xs[kRun + 3];
 #pragma unroll
   for (int i = 0; i < kRun + 3; ++i) xs[i] = ring_row<Fwd::kRing>(ring, q0 - 3 + i, at.tx);
+  Window x;
+#pragma unroll
+  for (int k = 1; k < kWidth; ++k) xs[k - 1].to_floats(x[k]);
 #pragma unroll
   for (int i = 0; i < kRun; ++i) {
     if (!kFast && i >= n) break;
+    slide(x, xs[i + 3]);
     const int64_t u = t0 + i;
     int m = 0;
     if (!kFast) {
@@ -376,11 +406,11 @@ __device__ __forceinline__ void forward_run(const Params& p, const Act* ring, in
       m = masked_taps(d.start, u);
     }
     float z[kVec];
-    if (m == 0) conv<false>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], 0, z);
-    else conv<true>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], m, z);
+    if (m == 0) conv<false>(w, b, x, 0, z);
+    else conv<true>(w, b, x, m, z);
     if (CAKE_SILU) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) z[j] *= sigmoid_of(z[j]);
+      for (int j = 0; j < kVec; ++j) z[j] *= cake::sigmoid(z[j]);
     }
     store_row<kVector>(p.y, u, at.c0, p, z);
   }
@@ -394,10 +424,10 @@ __device__ __forceinline__ void forward_body(const Params& p) {
   const int64_t tb = at.tile * Fwd::kSpan;
   const int stages = static_cast<int>(min64(Fwd::kChunks, ceil_div_d(p.tokens - tb, Fwd::kRows)));
 
-  copy_rows<Fwd::kRing, kAsync>(ring, p.x, tb, -3, 3, at.tile0, p);  // history of stage 0
+  copy_rows<Fwd::kRing, kAsync, 3>(ring, p.x, tb, -3, at.tile0, p);  // history of stage 0
 #pragma unroll
   for (int s = 0; s < Fwd::kStages - 2; ++s) {
-    if (s < stages) copy_rows<Fwd::kRing, kAsync>(ring, p.x, tb, s * Fwd::kRows, Fwd::kRows, at.tile0, p);
+    if (s < stages) copy_rows<Fwd::kRing, kAsync, Fwd::kRows>(ring, p.x, tb, s * Fwd::kRows, at.tile0, p);
     cp_async_commit();
   }
   float w[kWidth][kVec], b[kVec];
@@ -409,7 +439,7 @@ __device__ __forceinline__ void forward_body(const Params& p) {
     cp_async_wait<Fwd::kStages - 3>();  // stage k has landed (this thread's pieces) ...
     __syncthreads();                     // ... everyone's; and stage k-1 is computed
     const int next = k + Fwd::kStages - 2;  // into the slot of stage k-2
-    if (next < stages) copy_rows<Fwd::kRing, kAsync>(ring, p.x, tb, next * Fwd::kRows, Fwd::kRows, at.tile0, p);
+    if (next < stages) copy_rows<Fwd::kRing, kAsync, Fwd::kRows>(ring, p.x, tb, next * Fwd::kRows, at.tile0, p);
     cp_async_commit();
     const int q0 = k * Fwd::kRows + at.rg * Fwd::kRun;
     const int64_t t0 = tb + q0;
@@ -427,89 +457,96 @@ constexpr int kForwardShared = Fwd::kRing * kTile * static_cast<int>(sizeof(Act)
 
 // ------------------------------------------------------------------------------ backward
 
-// Walks u over [t0, t0+kRun+3): recomputes z[u], forms dz[u] = dy[u] silu'(z[u]), scatters
-// w[k] dz[u] into dx[u-3+k] for live taps (dx[u-3] is then complete and stored), and for u in
-// the run adds dz[u] x[u-3+k] to dweight[k] and dz[u] to dbias.
-// kFast: every row of [t0-3, t0+kRun+3) is in [0, S) and in the document of t0, so no bounds
-// checks and no masks.
-template <bool kAligned, bool kFast>
-__device__ __forceinline__ void backward_run(const Params& p, int64_t t0, int64_t c0,
-                                             const float (&w)[kWidth][kVec], const float (&b)[kVec],
-                                             float (&dw)[kWidth][kVec], float (&db)[kVec],
-                                             DocCursor& d) {
-  Pack xs[kRun + 6];
+// A thread's backward state along its span of tokens: the x window (x[u-3..u-1] before row u)
+// and the dx rows being accumulated (dx[u-3+k] in acc[k], k < 3, before row u).
+struct SpanState {
+  Window x;
+  float acc[kWidth][kVec];
+};
+
+// Rows u = u0 .. u0 + kRows - 1 of a thread's span walk: recomputes z[u], forms dz[u] =
+// dy[u] silu'(z[u]), scatters w[k] dz[u] into dx[u-3+k] for live taps (dx[u-3] is then
+// complete and stored when it is the thread's: u - 3 >= s0), and, for the thread's own rows
+// (kOwn), adds dz[u] x[u-3+k] to dweight[k] and dz[u] to dbias. The window and the dx
+// partials carry over from the rows before, so a span recomputes only the three rows past its
+// end. kFast: every row of [u0-3, u0+kRows) is in [0, S) and in one document (no bounds checks,
+// no masks).
+template <int kRows, bool kAligned, bool kFast, bool kOwn>
+__device__ __forceinline__ void backward_rows(const Params& p, int64_t u0, int64_t s0, int64_t c0,
+                                              const float (&w)[kWidth][kVec], const float (&b)[kVec],
+                                              float (&dw)[kWidth][kVec], float (&db)[kVec],
+                                              SpanState& st, DocCursor& d) {
+  Pack xs[kRows], gs[kRows];
 #pragma unroll
-  for (int i = 0; i < kRun + 6; ++i) xs[i] = load_row<kAligned, !kFast>(p.x, t0 - 3 + i, c0, p);
-  float acc[kWidth][kVec];  // acc[k] = dx[u-3+k] being accumulated
+  for (int i = 0; i < kRows; ++i) {
+    xs[i] = load_row<kAligned, !kFast>(p.x, u0 + i, c0, p);
+    gs[i] = load_row<kAligned, !kFast>(p.dy, u0 + i, c0, p);  // zero past S: dz = 0 there
+  }
 #pragma unroll
-  for (int k = 0; k < kWidth; ++k)
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) acc[k][j] = 0.f;
-#pragma unroll
-  for (int i = 0; i < kRun + 3; ++i) {
-    const int64_t u = t0 + i;
-    const Pack g = load_row<kAligned, !kFast>(p.dy, u, c0, p);  // zero past S: dz = 0 there
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t u = u0 + i;
+    slide(st.x, xs[i]);
     int m = 0;
     if (!kFast) {
       d.advance(p, u);
       m = masked_taps(d.start, u);
     }
     float dz[kVec];
-    if (m == 0) conv<false>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], 0, dz);
-    else conv<true>(w, b, xs[i], xs[i + 1], xs[i + 2], xs[i + 3], m, dz);
+    if (m == 0) conv<false>(w, b, st.x, 0, dz);
+    else conv<true>(w, b, st.x, m, dz);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       if (CAKE_SILU) {
         const float z = dz[j];
-        const float s = sigmoid_of(z);
-        dz[j] = g[j] * s * fmaf(z, 1.f - s, 1.f);
+        const float s = cake::sigmoid(z);
+        dz[j] = gs[i][j] * s * fmaf(z, 1.f - s, 1.f);
       } else {
-        dz[j] = g[j];
+        dz[j] = gs[i][j];
       }
     }
-    if (m == 0) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j)
-#pragma unroll
-        for (int k = 0; k < kWidth; ++k) acc[k][j] = fmaf(w[k][j], dz[j], acc[k][j]);
-      if (i < kRun) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          db[j] += dz[j];
-          dw[0][j] = fmaf(dz[j], xs[i][j], dw[0][j]);
-          dw[1][j] = fmaf(dz[j], xs[i + 1][j], dw[1][j]);
-          dw[2][j] = fmaf(dz[j], xs[i + 2][j], dw[2][j]);
-          dw[3][j] = fmaf(dz[j], xs[i + 3][j], dw[3][j]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        acc[3][j] = fmaf(w[3][j], dz[j], acc[3][j]);
-#pragma unroll
-        for (int k = 0; k < 3; ++k) acc[k][j] = k >= m ? fmaf(w[k][j], dz[j], acc[k][j]) : acc[k][j];
-      }
-      if (i < kRun) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          db[j] += dz[j];
-          dw[3][j] = fmaf(dz[j], xs[i + 3][j], dw[3][j]);
-          dw[2][j] = m <= 2 ? fmaf(dz[j], xs[i + 2][j], dw[2][j]) : dw[2][j];
-          dw[1][j] = m <= 1 ? fmaf(dz[j], xs[i + 1][j], dw[1][j]) : dw[1][j];
-          dw[0][j] = m <= 0 ? fmaf(dz[j], xs[i][j], dw[0][j]) : dw[0][j];
-        }
-      }
-    }
-    if (i >= 3) store_row<kAligned, !kFast>(p.dx, u - 3, c0, p, acc[0]);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      acc[0][j] = acc[1][j];
-      acc[1][j] = acc[2][j];
-      acc[2][j] = acc[3][j];
-      acc[3][j] = 0.f;
+      st.acc[3][j] = fmaf(w[3][j], dz[j], st.acc[3][j]);
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+        st.acc[k][j] = (kFast || k >= m) ? fmaf(w[k][j], dz[j], st.acc[k][j]) : st.acc[k][j];
+    }
+    if (kOwn) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        db[j] += dz[j];
+        dw[3][j] = fmaf(dz[j], st.x[3][j], dw[3][j]);
+#pragma unroll
+        for (int k = 2; k >= 0; --k)
+          dw[k][j] = (kFast || k >= m) ? fmaf(dz[j], st.x[k][j], dw[k][j]) : dw[k][j];
+      }
+    }
+    if (u - 3 >= s0) store_row<kAligned, !kFast>(p.dx, u - 3, c0, p, st.acc[0]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      st.acc[0][j] = st.acc[1][j];
+      st.acc[1][j] = st.acc[2][j];
+      st.acc[2][j] = st.acc[3][j];
+      st.acc[3][j] = 0.f;
     }
   }
 }
+
+// backward_rows, on the fast path when the rows allow it.
+template <int kRows, bool kAligned, bool kOwn>
+__device__ __forceinline__ void backward_step(const Params& p, int64_t u0, int64_t s0, int64_t c0,
+                                              const float (&w)[kWidth][kVec], const float (&b)[kVec],
+                                              float (&dw)[kWidth][kVec], float (&db)[kVec],
+                                              SpanState& st, DocCursor& d) {
+  d.advance(p, u0);
+  const bool fast = u0 >= 3 && u0 + kRows <= p.tokens && d.start <= u0 - 3 && d.end >= u0 + kRows;
+  if (fast) backward_rows<kRows, kAligned, true, kOwn>(p, u0, s0, c0, w, b, dw, db, st, d);
+  else backward_rows<kRows, kAligned, false, kOwn>(p, u0, s0, c0, w, b, dw, db, st, d);
+}
+
+// Each thread walks one span of kSpan consecutive tokens, kRun rows at a time (a step's loads
+// issued together), then the three rows past the span that reach back into its dx.
+constexpr int kSpan = kRun * kIterations;
 
 template <typename W, bool kAligned>
 __device__ __forceinline__ void backward_body(const Params& p) {
@@ -529,21 +566,24 @@ __device__ __forceinline__ void backward_body(const Params& p) {
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) dw[k][j] = 0.f;
   }
-  if (vec < p.vectors) {
+  const int64_t s0 = tt * kBackwardTileTokens + static_cast<int64_t>(ty) * kSpan;
+  if (vec < p.vectors && s0 < p.tokens) {
     float w[kWidth][kVec], b[kVec];
     load_weights<W>(p, c0, w, b);
+    SpanState st;
+#pragma unroll
+    for (int k = 1; k < kWidth; ++k) load_row<kAligned>(p.x, s0 - 4 + k, c0, p).to_floats(st.x[k]);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) st.acc[k][j] = 0.f;
+    DocCursor d;
+    d.seek(p, s0);
+    int64_t u0 = s0;
 #pragma unroll 1
-    for (int it = 0; it < kIterations; ++it) {
-      const int64_t t0 =
-          tt * kBackwardTileTokens + (static_cast<int64_t>(it) * kTokenThreads + ty) * kRun;
-      if (t0 >= p.tokens) break;
-      DocCursor d;
-      d.seek(p, t0);
-      const bool fast = t0 >= 3 && t0 + kRun + 3 <= p.tokens && d.start <= t0 - 3 &&
-                        d.end >= t0 + kRun + 3;
-      if (fast) backward_run<kAligned, true>(p, t0, c0, w, b, dw, db, d);
-      else backward_run<kAligned, false>(p, t0, c0, w, b, dw, db, d);
-    }
+    for (int it = 0; it < kIterations && u0 < p.tokens; ++it, u0 += kRun)
+      backward_step<kRun, kAligned, true>(p, u0, s0, c0, w, b, dw, db, st, d);
+    backward_step<3, kAligned, false>(p, u0, s0, c0, w, b, dw, db, st, d);
   }
 
   // Fixed-order block reduction over the token threads: one partial per (tile, row, channel).
