@@ -32,8 +32,11 @@ Peers: ``torch.nn.functional.rms_norm`` eager and ``torch.compile``d (gated: ``F
 F.silu(g)``, eager and compiled), FLA fla-core 0.6.0 ``fla.modules.norm.layernorm.rms_norm``
 and ``fla.modules.norm.fused_norm_gate.rms_norm_gated`` (the function behind
 ``FusedRMSNormGated``), Liger ``LigerRMSNorm`` (liger-kernel 0.8.5, its defaults: casting
-mode ``llama``, in-place backward). quack is not run: its CUDA 13 dependency
-(nvidia-cutlass-dsl-libs-cu13, 92 MB) does not fit the device machine's 64 MiB carry limit.
+mode ``llama``, in-place backward), and quack-kernels 0.6.5 ``quack.rmsnorm.rmsnorm`` (RMSNorm
+only; it has no gated form) when it imports. quack needs nvidia-cutlass-dsl 4.8.1 with its
+CUDA 13 libraries (92 MB as a wheel); on a machine that takes packages in smaller pieces,
+unpack them into a folder on PYTHONPATH together with ``nvidia_cutlass_dsl/dsl_packages``
+(what the package's .pth file would add). A peer that fails to import is reported and skipped.
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ def _peers():
         found["liger"] = LigerRMSNorm
     except Exception as exc:
         found["liger"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
+        from quack.rmsnorm import rmsnorm as quack_rmsnorm
+        found["quack"] = quack_rmsnorm
+    except Exception as exc:
+        found["quack"] = f"unavailable: {type(exc).__name__}: {exc}"
     return found
 
 
@@ -120,6 +128,8 @@ def forwards(t: int, d: int, peers: dict, compiled: dict):
         with torch.no_grad():
             liger.weight.copy_(w)
         plain["liger"] = lambda: liger(x)
+    if not isinstance(peers["quack"], str):
+        plain["quack"] = lambda: peers["quack"](x, w, eps=EPS)
     return (x, g, w), plain, gated
 
 
@@ -303,6 +313,7 @@ TUNE_VARIANTS = {
     "bwd_mb0": {"CAKE_BACKWARD_MIN_BLOCKS": 0},
     "bwd_mb1": {"CAKE_BACKWARD_MIN_BLOCKS": 1},
     "fwd_wave": {"CAKE_FORWARD_CTA_ROWS": 0},
+    "fwd_registers_rows8": {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_CTA_ROWS": 8},
     "fwd_rows4": {"CAKE_FORWARD_CTA_ROWS": 4},
     "fwd_rows8": {"CAKE_FORWARD_CTA_ROWS": 8},
     "fwd_rows16": {"CAKE_FORWARD_CTA_ROWS": 16},

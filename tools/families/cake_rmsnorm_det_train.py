@@ -25,31 +25,30 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 
 # Pipeline and launch shape of every program (meanings in the kernel template and
 # csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row, 256-thread
-# CTAs, weights in shared memory; the backward with a 2-slot shared-memory ring and 64
-# registers a thread, so that 4 CTAs of 256 threads (2 of 512) share an SM and the 1024
-# backward bands run in whole waves of 528 (264) CTAs on 132 SMs.
-TUNING = {"CAKE_FORWARD_STAGES": 3, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
+# CTAs, weights in shared memory. Forward: rows through a 2-slot shared-memory ring, no register
+# bound, CTAs of about 16 rows (many waves: the block scheduler evens out the SMs). Backward: a
+# 2-slot ring and 64 registers a thread, so that 4 CTAs of 256 threads (2 of 512) share an SM
+# and the 1024 backward bands run in whole waves of 528 (264) CTAs on 132 SMs.
+# From the H200 sweeps of 2026-11-29 (tools/bench/results/, % of copy bandwidth at the issue's 8
+# shapes): the 26-variant sweep (2026-11-29-h200-rmsnorm-tune.json) for the backward knobs; the
+# forward's CTA rows (-forward-rows-sweep.json: 84-91% RMSNorm, 88-99% gated, against 80-85% and
+# 79-92% for one persistent wave) and its ring depth (-forward-ring-sweep.json: the 2-slot ring
+# with 16-row CTAs 83-93% against 84-91% for the next row in registers with 8-row CTAs).
+TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_MAX_ROW_THREADS": 512, "CAKE_CTA_THREADS": 256, "CAKE_L2_PREFETCH": 0,
-          "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 0,
-          "CAKE_BACKWARD_BANDS": 1024,
-          "CAKE_FORWARD_MIN_BLOCKS": 3, "CAKE_BACKWARD_MIN_BLOCKS": 2}
-# Per family, from the H200 sweep of 2026-11-29 (tools/bench/results/
-# 2026-11-29-h200-rmsnorm-tune.json; % of copy bandwidth at the issue's 8 shapes):
-# RMSNorm's forward keeps the next row in registers (stages 0, no register bound): 80-85%
-# against 75-82% for the 3-slot ring. The gated forward keeps the ring without a register
-# bound (80-92% against 79-89%); the gated backward, whose ring slot holds three tensors, keeps
-# a 3-slot ring without the register bound (80-85% against 74-81%; its rows in registers
-# measured 81-86% but spill 16 bytes at the 128 registers a 512-thread row allows).
-PLAIN_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_FORWARD_CTA_ROWS": 8}
-GATED_TUNING = {"CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_FORWARD_CTA_ROWS": 16, "CAKE_BACKWARD_STAGES": 3,
-                "CAKE_BACKWARD_MIN_BLOCKS": 0}
+          "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
+          "CAKE_BACKWARD_BANDS": 1024, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_MIN_BLOCKS": 2}
+# The gated backward, whose ring slot holds three tensors, keeps a 3-slot ring without the
+# register bound (80-85% against 74-81%; its rows in registers measured 81-86% but spill 16
+# bytes at the 128 registers a 512-thread row allows).
+GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0}
 # The scalar route's backward needs more than 64 registers a thread (it spills at 64).
 SCALAR_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}
 
 
 def tuning(load: str, gated: bool) -> dict:
     """The tuning knobs of one family's programs of one load (``vector`` or ``scalar``)."""
-    return {**TUNING, **(GATED_TUNING if gated else PLAIN_TUNING),
+    return {**TUNING, **(GATED_TUNING if gated else {}),
             **(SCALAR_TUNING if load == "scalar" else {})}
 
 

@@ -28,12 +28,13 @@
 //   Ring for who copies what, and the barriers of the unaligned route).
 // * registers (the direction's stages knob 0, narrow aligned instances only; other instances
 //   of such a program use a 2-slot ring): the next row is loaded into a second set of registers
-//   while the current one is reduced; weights are staged in shared memory. RMSNorm's forward
-//   ships with it (tools/families/cake_rmsnorm_det_train.py, from the H200 sweep).
+//   while the current one is reduced; weights are staged in shared memory. No shipped program
+//   uses it since the forward's CTA rows (the ring measured ahead, tools/families/
+//   cake_rmsnorm_det_train.py); `tools/bench/rmsnorm.py --tune` still sweeps it.
 // Both paths compute the same expressions in the same order, so for the same D band and
 // partition they give the same bits.
 //
-// Determinism. Forward rows are independent, so the forward grid may follow the occupancy. The
+// Determinism. Forward rows are independent, so the forward grid is free (kForwardCtaRows). The
 // weight gradient is reduced in an order fixed by (rows, cols) and the program only: CTA b owns
 // rows [b * rows_per_cta, (b + 1) * rows_per_cta) (rows_per_cta from the row count and
 // Config::kBackwardBands); its row groups take those rows round-robin and accumulate in row order

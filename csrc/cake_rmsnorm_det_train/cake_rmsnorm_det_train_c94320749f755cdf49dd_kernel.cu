@@ -20,10 +20,10 @@
 #include "cake/rmsnorm_common.cuh"
 
 // cake:params
-#define CAKE_DTYPE 2
+#define CAKE_DTYPE 0
 #define CAKE_VECTOR 0
 #define CAKE_GATED 0
-#define CAKE_FORWARD_STAGES 0
+#define CAKE_FORWARD_STAGES 2
 #define CAKE_BACKWARD_STAGES 2
 #define CAKE_MIN_ELEMS_PER_THREAD 16
 #define CAKE_MAX_ROW_THREADS 512
@@ -31,7 +31,7 @@
 #define CAKE_L2_PREFETCH 0
 #define CAKE_FORWARD_WEIGHTS 0
 #define CAKE_BACKWARD_WEIGHTS 0
-#define CAKE_FORWARD_CTA_ROWS 8
+#define CAKE_FORWARD_CTA_ROWS 16
 #define CAKE_BACKWARD_BANDS 1024
 #define CAKE_FORWARD_MIN_BLOCKS 0
 #define CAKE_BACKWARD_MIN_BLOCKS 1
@@ -79,42 +79,42 @@ constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BAC
 
 template <int kEpt>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_c73715512986ee323039_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+kernel_cake_rmsnorm_det_train_c94320749f755cdf49dd_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
   cake::rmsnorm::forward<Elem, kAligned, kEpt, kGated, Config>(p);
 }
 
 template <int kEpt>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_c73715512986ee323039_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+kernel_cake_rmsnorm_det_train_c94320749f755cdf49dd_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
   cake::rmsnorm::backward<Elem, kAligned, kEpt, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_rmsnorm_det_train_c73715512986ee323039_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_rmsnorm_det_train_c94320749f755cdf49dd_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_rmsnorm_det_train_c73715512986ee323039_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+cudaError_t cake_rmsnorm_det_train_c94320749f755cdf49dd_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
     constexpr int kEpt = decltype(ept)::value;
     return cake::rmsnorm::launch_forward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_rmsnorm_det_train_c73715512986ee323039_forward<kEpt>, p, stream);
+        kernel_cake_rmsnorm_det_train_c94320749f755cdf49dd_forward<kEpt>, p, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_c73715512986ee323039_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_rmsnorm_det_train_c94320749f755cdf49dd_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
     constexpr int kEpt = decltype(ept)::value;
     return cake::rmsnorm::launch_backward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_rmsnorm_det_train_c73715512986ee323039_backward<kEpt>, p, ctas, stream);
+        kernel_cake_rmsnorm_det_train_c94320749f755cdf49dd_backward<kEpt>, p, ctas, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_c73715512986ee323039_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_c73715512986ee323039_dweight, p, stream);
+cudaError_t cake_rmsnorm_det_train_c94320749f755cdf49dd_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_c94320749f755cdf49dd_dweight, p, stream);
 }
 
-int64_t cake_rmsnorm_det_train_c73715512986ee323039_backward_rows_per_cta(int64_t rows) {
+int64_t cake_rmsnorm_det_train_c94320749f755cdf49dd_backward_rows_per_cta(int64_t rows) {
   return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }
