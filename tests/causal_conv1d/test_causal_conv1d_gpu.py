@@ -164,6 +164,8 @@ def _cases():
         cases += [(70001, c, "random"), (70001, c, "huge")]
     cases += [(300000, 7, "random"), (300000, 264, "len3"), (300000, 384, "huge"),
               (300000, 64, "tiny"), (20000, 8192, "random")]
+    # The "long" tile's element path (C >= 256, C % 4 != 0): spans of many steps per thread.
+    cases += [(70001, 257, "len3"), (70001, 258, "random")]
     return cases
 
 
@@ -211,6 +213,22 @@ def test_autograd_matches_helpers():
     dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, grad_dtype=w.dtype)
     assert torch.equal(y, cake_causal_conv1d_det_train_forward(x, w, b, cu))
     assert torch.equal(xg.grad, dx) and torch.equal(wg.grad, dw) and torch.equal(bg.grad, db)
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` one element into a larger buffer: contiguous, not 8-byte aligned."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = flat[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("tokens,channels,layout", [(70001, 384, "random"), (4099, 264, "tiny")])
+def test_misaligned_inputs_take_the_element_path(tokens, channels, layout):
+    x, w, b, dy, cu = make_case(tokens, channels, layout, seed=tokens)
+    x, dy = _misaligned(x), _misaligned(dy)
+    assert x.data_ptr() % 8 and dy.data_ptr() % 8
+    check_case(x, w, b, dy, cu, preallocate=True)
 
 
 def test_supported():

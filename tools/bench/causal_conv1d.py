@@ -46,7 +46,7 @@ def _tile(c, g, fwd, m, bwd):
                 CAKE_BACKWARD_SCALAR_MIN_BLOCKS=1)
 
 
-# The "long" forward with backward spans around the family table's (b8x8x8 m2).
+# The "long" forward with backward spans around the family table's (b4x8x16 m4; b8x8x8 m2 before).
 TUNE_TILES = {
     f"b{t}x{r}x{i} m{mb}": _tile(32, 4, (32, 4, 16), 4, (t, r, i, mb))
     for t, r, i, mb in ((8, 8, 8, 2), (8, 8, 16, 2), (8, 4, 16, 2), (8, 4, 16, 3), (4, 8, 8, 4),

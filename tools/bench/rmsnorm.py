@@ -289,17 +289,17 @@ def host_overhead(calls: int = 300) -> list:
 
 # Variants swept by --tune: knob overrides (csrc/templates/rmsnorm/kernel.cu) on top of each
 # family's bf16 vector tuning in its table (``tuning`` in tools/families/cake_rmsnorm_det_train.py;
-# the two families differ in CAKE_BACKWARD_STAGES), one knob at a time, and a few pairs. "table"
-# is that tuning itself (the reference of the output checks); "registers" is the design before
-# the shared-memory ring, launched as it was.
+# the two families differ in the backward's stages and register bound), one knob at a time, and a
+# few pairs. "table" is that tuning itself (the reference of the output checks); "registers" is
+# the design before the shared-memory ring, launched as it was (one persistent forward wave).
 TUNE_VARIANTS = {
     "table": {},
     "registers": {"CAKE_FORWARD_STAGES": 0, "CAKE_BACKWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0,
-                  "CAKE_BACKWARD_MIN_BLOCKS": 0},
-    "fwd_stages2": {"CAKE_FORWARD_STAGES": 2},
+                  "CAKE_BACKWARD_MIN_BLOCKS": 0, "CAKE_FORWARD_CTA_ROWS": 0},
+    "fwd_stages3": {"CAKE_FORWARD_STAGES": 3},
     "fwd_stages4": {"CAKE_FORWARD_STAGES": 4},
-    "fwd_mb0": {"CAKE_FORWARD_MIN_BLOCKS": 0},
     "fwd_mb2": {"CAKE_FORWARD_MIN_BLOCKS": 2},
+    "fwd_mb3": {"CAKE_FORWARD_MIN_BLOCKS": 3},
     "fwd_mb4": {"CAKE_FORWARD_MIN_BLOCKS": 4},
     "fwd_weights_l1": {"CAKE_FORWARD_WEIGHTS": 2},
     "fwd_weights_regs": {"CAKE_FORWARD_WEIGHTS": 1, "CAKE_FORWARD_MIN_BLOCKS": 2},
@@ -316,7 +316,6 @@ TUNE_VARIANTS = {
     "fwd_registers_rows8": {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_CTA_ROWS": 8},
     "fwd_rows4": {"CAKE_FORWARD_CTA_ROWS": 4},
     "fwd_rows8": {"CAKE_FORWARD_CTA_ROWS": 8},
-    "fwd_rows16": {"CAKE_FORWARD_CTA_ROWS": 16},
     "fwd_rows32": {"CAKE_FORWARD_CTA_ROWS": 32},
     "bands512": {"CAKE_BACKWARD_BANDS": 512},
     "bands2048": {"CAKE_BACKWARD_BANDS": 2048},

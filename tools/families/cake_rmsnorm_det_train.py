@@ -31,8 +31,8 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # and the 1024 backward bands run in whole waves of 528 (264) CTAs on 132 SMs.
 # From the H200 sweeps of 2026-11-29 (tools/bench/results/, % of copy bandwidth at the 8
 # shapes): the 26-variant sweep (2026-11-29-h200-rmsnorm-tune.json) for the backward knobs; the
-# forward's CTA rows (-forward-rows-sweep.json: 84-91% RMSNorm, 88-99% gated, against 80-85% and
-# 79-92% for one persistent wave) and its ring depth (-forward-ring-sweep.json: the 2-slot ring
+# forward's CTA rows (-forward-rows-sweep.json: 84-91% RMSNorm, 88-99% gated, against 81-85% and
+# 81-93% for one persistent wave) and its ring depth (-forward-ring-sweep.json: the 2-slot ring
 # with 16-row CTAs 83-93% against 84-91% for the next row in registers with 8-row CTAs).
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_MAX_ROW_THREADS": 512, "CAKE_CTA_THREADS": 256, "CAKE_L2_PREFETCH": 0,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -10,9 +11,10 @@
 namespace cake {
 
 // 2^x and 1/x as one MUFU instruction each. The .ftz forms are used because the plain PTX forms
-// expand to extra instructions that rescale denormal inputs and results; here a denormal only
-// arises where the sigmoid is already 0 or 1 to fp32 precision. The same instructions run on
-// every call, so results are reproducible bit for bit.
+// expand to extra instructions that rescale denormal inputs and results. Here only the sigmoid
+// of z < -87.3 differs: its fp32 value is a denormal, which flushes to 0 (so SiLU gives -0
+// instead of a value below 1e-36), as with the __fdividef form used before. The same
+// instructions run on every call, so results are reproducible bit for bit.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -24,7 +26,7 @@ __device__ __forceinline__ float rcp_ftz(float x) {
   return y;
 }
 
-// 1 / (1 + e^-z): a multiply, two MUFU operations and an add (0 once e^-z overflows).
+// 1 / (1 + e^-z): a multiply, two MUFU operations and an add (0 for z < -87.3, see above).
 __device__ __forceinline__ float sigmoid(float z) {
   constexpr float kMinusLog2e = -1.4426950408889634f;
   return rcp_ftz(1.0f + exp2_ftz(z * kMinusLog2e));
@@ -37,12 +39,16 @@ __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <>
 __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  uint32_t word;
+  memcpy(&word, &v, sizeof(word));
+  return word;
 }
 template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
   const __half2 v = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  uint32_t word;
+  memcpy(&word, &v, sizeof(word));
+  return word;
 }
 
 }  // namespace cake

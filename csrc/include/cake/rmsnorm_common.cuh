@@ -270,7 +270,6 @@ __device__ __forceinline__ float load_weight(const void* weight, int weight_fp32
                      : to_float(static_cast<const T*>(weight)[index]);
 }
 
-
 // --------------------------------------------------------------------------- cp.async
 
 // Whether a route's packs reach shared memory asynchronously: cp.async copies 4, 8 or 16 bytes,

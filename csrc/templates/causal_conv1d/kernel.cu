@@ -12,12 +12,14 @@
 // taps' history). Each thread computes VEC channels of FORWARD_ROWS / ROW_GROUPS consecutive
 // rows of a stage and stores them straight to global memory.
 //
-// Backward (registers). A block covers CHANNEL_THREADS * VEC channels and TOKEN_THREADS *
-// TOKENS_PER_THREAD tokens ITERATIONS times; each thread loads its run's x rows (and the three
-// before, three after) into registers, recomputes z, forms dz = dy * silu'(z) and scatters
-// w[k] dz into a rolling window of dx rows. (A shared-memory streaming backward like the
-// forward's, with dz kept in shared memory, measured 55-60% of copy bandwidth on the H200
-// against this design's 60-68%; see tests/causal_conv1d/NOTES.md.)
+// Backward (registers). A block covers CHANNEL_THREADS * VEC channels and TOKEN_THREADS spans of
+// TOKENS_PER_THREAD * ITERATIONS consecutive tokens, one span a thread. A thread walks its span
+// TOKENS_PER_THREAD rows a step (the step's x and dy loads issued together): it recomputes z,
+// forms dz = dy * silu'(z) and scatters w[k] dz into a rolling window of dx rows, carrying its
+// x window and the open dx rows from step to step, so only the three rows past the span are
+// computed twice. (A shared-memory streaming backward like the forward's, with dz kept in shared
+// memory, measured 55-60% of copy bandwidth on the H200 against 60-68% for the register design
+// of that time; this one measures 80-89%; see tests/causal_conv1d/NOTES.md.)
 //
 // Determinism: the backward writes one fp32 partial per (token tile, channel, tap) into the
 // workspace (no atomics); the reduction kernel sums the tiles of each column in a fixed order
@@ -544,9 +546,9 @@ __device__ __forceinline__ void backward_step(const Params& p, int64_t u0, int64
   else backward_rows<kRows, kAligned, false, kOwn>(p, u0, s0, c0, w, b, dw, db, st, d);
 }
 
-// Each thread walks one span of kSpan consecutive tokens, kRun rows at a time (a step's loads
-// issued together), then the three rows past the span that reach back into its dx.
-constexpr int kSpan = kRun * kIterations;
+// Each thread walks one span of kThreadSpan consecutive tokens, kRun rows at a time (a step's
+// loads issued together), then the kWidth - 1 rows past the span that reach back into its dx.
+constexpr int kThreadSpan = kRun * kIterations;
 
 template <typename W, bool kAligned>
 __device__ __forceinline__ void backward_body(const Params& p) {
@@ -566,13 +568,14 @@ __device__ __forceinline__ void backward_body(const Params& p) {
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) dw[k][j] = 0.f;
   }
-  const int64_t s0 = tt * kBackwardTileTokens + static_cast<int64_t>(ty) * kSpan;
+  const int64_t s0 = tt * kBackwardTileTokens + static_cast<int64_t>(ty) * kThreadSpan;
   if (vec < p.vectors && s0 < p.tokens) {
     float w[kWidth][kVec], b[kVec];
     load_weights<W>(p, c0, w, b);
     SpanState st;
 #pragma unroll
-    for (int k = 1; k < kWidth; ++k) load_row<kAligned>(p.x, s0 - 4 + k, c0, p).to_floats(st.x[k]);
+    for (int k = 1; k < kWidth; ++k)
+      load_row<kAligned>(p.x, s0 - kWidth + k, c0, p).to_floats(st.x[k]);  // x[s0-3..s0-1]
 #pragma unroll
     for (int k = 0; k < kWidth; ++k)
 #pragma unroll
@@ -583,7 +586,7 @@ __device__ __forceinline__ void backward_body(const Params& p) {
 #pragma unroll 1
     for (int it = 0; it < kIterations && u0 < p.tokens; ++it, u0 += kRun)
       backward_step<kRun, kAligned, true>(p, u0, s0, c0, w, b, dw, db, st, d);
-    backward_step<3, kAligned, false>(p, u0, s0, c0, w, b, dw, db, st, d);
+    backward_step<kWidth - 1, kAligned, false>(p, u0, s0, c0, w, b, dw, db, st, d);
   }
 
   // Fixed-order block reduction over the token threads: one partial per (tile, row, channel).
