@@ -1,5 +1,5 @@
-// Device math shared by the kernel families: SiLU's sigmoid in as few instructions as the
-// hardware allows, and 16-bit packing two values per instruction.
+// Device math shared by the kernel families: element conversions, SiLU's sigmoid in as few
+// instructions as the hardware allows, and 16-bit packing two values per instruction.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,22 @@
 #include <cuda_fp16.h>
 
 namespace cake {
+
+// One element to fp32 and back (round to nearest even).
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // 2^x and 1/x as one MUFU instruction each. The .ftz forms are used because the plain PTX forms
 // expand to extra instructions that rescale denormal inputs and results. Here only the sigmoid

@@ -156,10 +156,6 @@ struct DweightParams {
 
 // --------------------------------------------------------------------------- element access
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
 // 16 bytes of T (kVec elements) as four 32-bit words; elements are unpacked to fp32 where used.
 template <typename T>
 struct Pack {
