@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: JIT all programs, GPU + CPU tests, compute-sanitizer, tile sweep, benchmark.
-# Usage on the GPU machine, from the repository root (wheels of fla-core carried in .whl/):
+# Usage on the GPU machine, from the repository root (wheels of fla-core carried in .whl/;
+# TUNE_SET picks the --tune set, default small):
 #   bash tests/causal_conv1d/h200_run.sh [tests|sanitize|tune|bench ...]   (default: all)
 set -o pipefail
 export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-cache
@@ -31,7 +32,7 @@ for step in $steps; do
         compute-sanitizer --tool $tool --error-exitcode 1 python3 tests/causal_conv1d/sanitize.py \
           > "$OUT/sanitize_$tool.log" 2>&1; echo "sanitizer $tool: rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
       done ;;
-    tune) python3 tools/bench/causal_conv1d.py --tune --iters 20 --json "$OUT/tune.json" \
+    tune) python3 tools/bench/causal_conv1d.py --tune ${TUNE_SET:-small} --iters 20 --json "$OUT/tune.json" \
             2>&1 | tee "$OUT/tune.log" | tail -60 ;;
     bench) python3 tools/bench/causal_conv1d.py --iters 30 --json "$OUT/bench.json" \
              2>&1 | tee "$OUT/bench.log" | tail -20 ;;

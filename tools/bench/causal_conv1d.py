@@ -5,7 +5,7 @@ Usage (from the repository root, on a GPU machine)::
 
     PYTHONPATH=. python tools/bench/causal_conv1d.py [--json out.json] [--iters 50] [--no-peer]
     PYTHONPATH=. python tools/bench/causal_conv1d.py --precompile   # JIT all programs in parallel
-    PYTHONPATH=. python tools/bench/causal_conv1d.py --tune         # tile-shape sweep
+    PYTHONPATH=. python tools/bench/causal_conv1d.py --tune small   # tile-shape sweep (TUNE_SETS)
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; cake and FLA interleaved A B B A; copy bandwidth of the same run as roofline). bf16,
@@ -46,13 +46,28 @@ def _tile(c, g, fwd, m, bwd):
                 CAKE_BACKWARD_SCALAR_MIN_BLOCKS=1)
 
 
-# The "long" forward with backward spans around the family table's (b4x8x16 m4; b8x8x8 m2 before).
-TUNE_TILES = {
-    f"b{t}x{r}x{i} m{mb}": _tile(32, 4, (32, 4, 16), 4, (t, r, i, mb))
-    for t, r, i, mb in ((8, 8, 8, 2), (8, 8, 16, 2), (8, 4, 16, 2), (8, 4, 16, 3), (4, 8, 8, 4),
-                        (4, 8, 16, 4), (16, 8, 4, 1))
+# --tune sets: name -> (geometries, shapes). "long": the "long" forward with backward spans
+# around the family table's (b4x8x16 m4; b8x8x8 m2 before). "small": whole geometries (both
+# directions) for the packs that fill the GPU once or less with the table's tiles.
+TUNE_SETS = {
+    "long": ({f"b{t}x{r}x{i} m{mb}": _tile(32, 4, (32, 4, 16), 4, (t, r, i, mb))
+              for t, r, i, mb in ((8, 8, 8, 2), (8, 8, 16, 2), (8, 4, 16, 2), (8, 4, 16, 3),
+                                  (4, 8, 8, 4), (4, 8, 16, 4), (16, 8, 4, 1))},
+             [(250340, 512), (250340, 2048), (250340, 8192), (32768, 264), (65536, 384)]),
+    "small": ({f"c{c}g{g} f{f[0]}x{f[1]}x{f[2]} m{m} b{b[0]}x{b[1]}x{b[2]} m{b[3]}":
+               _tile(c, g, f, m, b)
+               for c, g, f, m, b in ((16, 8, (32, 4, 8), 5, (16, 8, 1, 2)),   # table: short
+                                     (32, 4, (32, 4, 16), 4, (4, 8, 16, 4)),  # table: long
+                                     (16, 8, (32, 4, 4), 5, (8, 8, 2, 4)),
+                                     (16, 8, (32, 4, 8), 5, (4, 8, 4, 4)),
+                                     (16, 8, (16, 4, 8), 6, (8, 8, 1, 4)),
+                                     (8, 16, (32, 4, 8), 5, (16, 8, 1, 4)),
+                                     (8, 16, (32, 4, 4), 5, (8, 8, 2, 4)),
+                                     (32, 4, (32, 4, 8), 4, (8, 8, 2, 2)),
+                                     (32, 4, (32, 4, 4), 4, (4, 8, 4, 4)),
+                                     (16, 8, (32, 4, 8), 5, (16, 4, 2, 2)))},
+              [(32768, 264), (65536, 384), (65536, 1024), (131072, 512)]),
 }
-TUNE_SHAPES = [(250340, 512), (250340, 2048), (250340, 8192), (32768, 264), (65536, 384)]
 
 
 def make_inputs(tokens: int, channels: int, *, requires_grad: bool = False, seed: int = 0):
@@ -187,14 +202,16 @@ def _entry_calls(lib, x, w, cu, y, dy, dx, dw):
     return (lambda: forward(fwd_args, stream)), (lambda: backward(bwd_args, stream)), ws
 
 
-def run_tune(*, iters: int, bench: harness.Bench, bandwidth: float):
-    """Every geometry of TUNE_TILES at TUNE_SHAPES: time and % of copy bandwidth per direction;
-    y, dx compared bitwise with the first geometry and dweight within fp32 reordering."""
+def run_tune(name: str, *, iters: int, bench: harness.Bench, bandwidth: float):
+    """Every geometry of the tune set ``name`` at its shapes: time and % of copy bandwidth per
+    direction; y, dx compared bitwise with the first geometry and dweight within fp32
+    reordering."""
     import torch
 
-    libraries = tune_libraries(TUNE_TILES)
+    tiles, shapes = TUNE_SETS[name]
+    libraries = tune_libraries(tiles)
     rows = []
-    for tokens, channels in TUNE_SHAPES:
+    for tokens, channels in shapes:
         x, w, dy, cu = make_inputs(tokens, channels)
         y, dx = torch.empty_like(x), torch.empty_like(x)
         dw = torch.empty(w.shape, dtype=torch.float32, device="cuda")
@@ -265,7 +282,8 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", type=Path, help="write all numbers here")
     parser.add_argument("--no-peer", action="store_true", help="skip FLA")
-    parser.add_argument("--tune", action="store_true", help="sweep tile shapes instead")
+    parser.add_argument("--tune", choices=sorted(TUNE_SETS),
+                        help="sweep the tile shapes of this set (TUNE_SETS) instead")
     parser.add_argument("--precompile", action="store_true", help="JIT all programs and exit")
     parser.add_argument("--profile-host", action="store_true",
                         help="cProfile 300 eager fwd+bwd calls at S=32768, C=264 and exit")
@@ -281,7 +299,7 @@ def main(argv=None) -> int:
     bandwidth = bench.copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.3f} TB/s (read + written)", flush=True)
     if args.tune:
-        rows = run_tune(iters=args.iters, bench=bench, bandwidth=bandwidth)
+        rows = run_tune(args.tune, iters=args.iters, bench=bench, bandwidth=bandwidth)
     else:
         shapes = SHAPES if args.shapes == "all" else SMALL if args.shapes == "small" else [
             tuple(int(v) for v in item.split(":")) for item in args.shapes.split(",")]

@@ -40,7 +40,7 @@
 // Config::kBackwardBands); its row groups take those rows round-robin and accumulate in row order
 // (WeightGrad); the groups are summed in group order through shared memory into the CTA's fp32
 // partial row of the workspace; a second kernel sums the partial rows of each column in a fixed
-// order. No atomics anywhere; nothing depends on the device's SM count.
+// order. No atomics in the kernels; nothing depends on the device's SM count.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +51,7 @@
 #include <cuda_runtime.h>
 
 #include "cake/fast_math.cuh"
+#include "cake/program.h"
 
 namespace cake {
 namespace rmsnorm {
@@ -1287,13 +1288,9 @@ inline int64_t workspace_bytes(int64_t ctas, int cols) {
 
 // --------------------------------------------------------------------------- launchers
 
-// Shared memory beyond the default 48 KiB (dynamic plus the kernels' static 256 bytes) needs
-// the kernel's opt-in (a host call; no stream work).
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes + 1024 <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-}
+// The kernels' static shared memory (256 bytes), with margin: what cake::allow_smem adds to
+// the dynamic bytes before comparing with the 48 KiB default.
+constexpr int kStaticSmem = 1024;
 
 // Forward of one instance: grid-stride over rows, with one wave of CTAs or CTAs of about
 // Cfg::kForwardCtaRows rows (rows are independent, so the grid changes no result).
@@ -1315,7 +1312,8 @@ cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) 
     p.stages = ring_stages(Cfg::kForwardStages, slot, weights, async_copies<T, kAligned>());
     smem = weights + p.stages * slot;
   }
-  cudaError_t status = allow_smem(kernel, smem);
+  static SmemLimits limits;  // one per kernel: this function is instantiated per kernel
+  cudaError_t status = allow_smem(kernel, static_cast<int>(smem), kStaticSmem, limits);
   if (status != cudaSuccess) return status;
   const int64_t needed = (p.rows + groups - 1) / groups;
   int64_t grid = 0;
@@ -1361,7 +1359,8 @@ cudaError_t launch_backward(Kernel kernel, BackwardParams p, int64_t ctas, cudaS
     p.stages = ring_stages(Cfg::kBackwardStages, slot, weights + sums, async_copies<T, kAligned>());
     smem = weights + p.stages * slot + sums;
   }
-  const cudaError_t status = allow_smem(kernel, smem);
+  static SmemLimits limits;  // one per kernel: this function is instantiated per kernel
+  const cudaError_t status = allow_smem(kernel, static_cast<int>(smem), kStaticSmem, limits);
   if (status != cudaSuccess) return status;
   kernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(p);
   return cudaGetLastError();

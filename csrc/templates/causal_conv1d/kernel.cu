@@ -87,8 +87,12 @@ constexpr int kForwardMinBlocks = CAKE_FORWARD_MIN_BLOCKS;
 constexpr int kBackwardScalarMinBlocks = CAKE_BACKWARD_SCALAR_MIN_BLOCKS;
 constexpr int kPiece = 16 / sizeof(Act);       // channels per 16-byte copy
 constexpr int kTaps = CAKE_HAS_BIAS ? kWidth + 1 : kWidth;  // partial rows: 4 taps (+ bias)
+// The reduction: 32 columns a block, their token tiles split into 32 groups, so that a thread
+// sums few partials (8 at S = 32768 with 128-token tiles), all its loads in flight at once:
+// small packs wait on the reduction's latency, not on its bytes.
 constexpr int kReduceColumns = 32;
-constexpr int kReduceGroups = 8;
+constexpr int kReduceGroups = 32;
+constexpr int kReduceBatch = 8;  // loads a thread issues before summing them
 
 // The forward's streaming geometry: rows per stage, ring stages, stages per block.
 template <int kRows_, int kStages_, int kChunks_>
@@ -615,13 +619,12 @@ __device__ __forceinline__ void reduce_body(const Params& p) {
   if (col < columns) {
     const float* src = p.partials + col;
     int64_t tile = first;
-    for (; tile + 4 <= last; tile += 4) {
-      const float a0 = src[(tile + 0) * columns], a1 = src[(tile + 1) * columns];
-      const float a2 = src[(tile + 2) * columns], a3 = src[(tile + 3) * columns];
-      sum += a0;
-      sum += a1;
-      sum += a2;
-      sum += a3;
+    for (; tile + kReduceBatch <= last; tile += kReduceBatch) {
+      float a[kReduceBatch];
+#pragma unroll
+      for (int i = 0; i < kReduceBatch; ++i) a[i] = src[(tile + i) * columns];
+#pragma unroll
+      for (int i = 0; i < kReduceBatch; ++i) sum += a[i];
     }
     for (; tile < last; ++tile) sum += src[tile * columns];
   }
@@ -704,29 +707,11 @@ inline int64_t workspace_bytes(int64_t tokens, int64_t channels) {
   return backward_tiles(tokens) * kTaps * channels * static_cast<int64_t>(sizeof(float));
 }
 
-// Lets `kernel` use `bytes` of dynamic shared memory (over the 48 KB default) on the current
-// device; once per (kernel, device): the attribute is per device, and setting it costs a
-// driver call.
-template <void (*kKernel)(const Params)>
-inline cudaError_t allow_shared(int bytes) {
-  static std::atomic<uint64_t> devices{0};  // bit d: done on device d (< 64)
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit != 0 && (devices.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (status == cudaSuccess) status = cudaFuncSetAttribute(
-      kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (status == cudaSuccess && bit != 0) devices.fetch_or(bit, std::memory_order_relaxed);
-  return status;
-}
-
 template <void (*kKernel)(const Params), int kBlock = kThreads>
 inline int launch(const Params& p, int64_t blocks, int shared, cudaStream_t stream, char* error,
                   int32_t error_len, const char* what) {
-  const cudaError_t status = allow_shared<kKernel>(shared);
+  static cake::SmemLimits limits;
+  const cudaError_t status = cake::allow_smem(kKernel, shared, 0, limits, true);
   if (status != cudaSuccess)
     return cake::fail(error, error_len, cake::kCudaError, "%s: shared memory opt-in: %s", what,
                       cudaGetErrorString(status));
