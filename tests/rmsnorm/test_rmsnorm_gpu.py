@@ -21,6 +21,7 @@ import importlib.util
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -361,6 +362,45 @@ def test_bitwise_repeatable_and_stream_independent(family, shape):
             torch.cuda.current_stream().synchronize()
         results.append(_digest(y, s, rstd, dx, dw, *(() if dg is None else (dg,))))
     assert len(set(results)) == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_mixed_shared_memory_sizes_from_two_threads(family):
+    """Rows of 8192 and 6144 both take more than 48 KiB of shared memory in the same kernels,
+    whose limit is raised once per kernel and device and never lowered (cake::allow_smem):
+    both sizes, called alternately from two threads on two streams, run and give the bits of a
+    single-threaded run."""
+    cases = [make_case((600, cols), seed=cols) for cols in (8192, 6144)]
+
+    def run(case):
+        x, g, w, _, dy = case
+        y, _, rstd = family.forward(x, g, w)
+        dx, dg, _, dw = family.backward(dy, x, g, w, rstd)
+        return _digest(y, rstd, dx, dw, *(() if dg is None else (dg,)))
+
+    expected = [run(case) for case in cases]
+    torch.cuda.synchronize()
+    digests, errors = [], []
+
+    def worker(first):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for step in range(12):
+                    which = (first + step) % 2
+                    got = run(case=cases[which])  # _digest synchronizes (a host copy)
+                    digests.append((which, got))
+        except Exception as exc:  # reported below: a thread's exception is otherwise lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(first,)) for first in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert len(digests) == 24
+    assert all(got == expected[which] for which, got in digests)
 
 
 def test_bitwise_identical_across_processes():

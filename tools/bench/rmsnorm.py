@@ -6,6 +6,7 @@ Usage (from the repository root, on a GPU machine; fla-core and liger-kernel whe
     PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small]
     PYTHONPATH=. python tools/bench/rmsnorm.py --precompile   # JIT both families in parallel
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
+    PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; the peers of one shape interleaved A B B A; copy bandwidth of the same run as the
@@ -54,6 +55,7 @@ import harness  # noqa: E402
 
 SHAPES = [(t, d) for t in (65536, 262144) for d in (1024, 2048, 4096, 8192)]
 SMALL = [(65536, 2048), (65536, 8192)]
+GAP_SHAPES = [(65536, 2048), (262144, 8192)]  # --eager-gap's default
 PARTIAL_ROWS = 1024
 EPS = 1e-6
 WARMUP = 3
@@ -135,8 +137,9 @@ def forwards(t: int, d: int, peers: dict, compiled: dict):
 
 def graphed(t: int, d: int, x, g, w, dy) -> tuple:
     """Cake's forward and backward helpers with caller buffers, captured in CUDA graphs:
-    (plain fwd, plain bwd, gated fwd, gated bwd) replays. Their time is the kernels' alone
-    (no Python, validation or launch gaps), next to the eager figures."""
+    (plain fwd, plain bwd, gated fwd, gated bwd) replays, the same four eager calls, and the
+    buffers. The replays' time is the kernels' alone (no Python, validation or launch gaps),
+    next to the eager figures."""
     import torch
 
     from cake.cake_gated_rmsnorm_det_train import (
@@ -169,7 +172,7 @@ def graphed(t: int, d: int, x, g, w, dy) -> tuple:
         with torch.cuda.graph(graph):
             call()
         replays.append(graph.replay)
-    return replays, (y, dx, dg, rstd, dw, ws)
+    return replays, calls, (y, dx, dg, rstd, dw, ws)
 
 
 def check_agreement(outputs: dict) -> dict:
@@ -198,7 +201,7 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
     for t, d in shapes:
         (x, g, w), plain, gated = forwards(t, d, peers, compiled)
         dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
-        replays, buffers = graphed(t, d, x, g, w, dy)
+        replays, _, buffers = graphed(t, d, x, g, w, dy)
         for label, fns, inputs, (fwd_graph, bwd_graph) in (
                 ("fwd", plain, (x, w), replays[:2]), ("gated fwd", gated, (x, g, w), replays[2:])):
             fwd_bytes = op_bytes(label, t, d)
@@ -240,6 +243,45 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
         del x, g, w, dy, plain, gated, replays, buffers
         torch.cuda.empty_cache()
         on_shape(rows)
+    return rows
+
+
+def eager_gap(shapes, iters: int, bench) -> list:
+    """RMSNorm's forward and backward, four ways each, interleaved per shape: the CUDA-graph
+    replay of the helper with caller buffers (the kernels alone), the same helper called
+    eagerly, the helper allocating its outputs, and the autograd functional (backward:
+    ``torch.autograd.grad`` of its output). The kernels are the same, so a difference is host
+    time that the flush before the call (58 us on the H200) does not hide."""
+    import torch
+
+    from cake.cake_rmsnorm_det_train import (cake_rmsnorm_det, cake_rmsnorm_det_train_backward,
+                                             cake_rmsnorm_det_train_forward)
+
+    rows = []
+    for t, d in shapes:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x, g, dy = (torch.randn(t, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                    for _ in range(3))
+        w = (torch.rand(d, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+        replays, given, (_, _, _, rstd, _, _) = graphed(t, d, x, g, w, dy)
+        xg, wg = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+        yg = cake_rmsnorm_det(xg, wg, eps=EPS)
+        ops = {
+            "fwd": {"graph": replays[0], "helper, outputs given": given[0],
+                    "helper": lambda: cake_rmsnorm_det_train_forward(x, w, eps=EPS),
+                    "autograd": lambda: cake_rmsnorm_det(xg, wg, eps=EPS)},
+            "bwd": {"graph": replays[1], "helper, outputs given": given[1],
+                    "helper": lambda: cake_rmsnorm_det_train_backward(dy, x, w, rstd,
+                                                                      grad_dtype=w.dtype),
+                    "autograd": lambda: torch.autograd.grad(yg, (xg, wg), dy, retain_graph=True)},
+        }
+        for op, fns in ops.items():
+            for name, timing in bench.interleaved(fns, iters=iters, warmup=WARMUP).items():
+                rows.append({"T": t, "D": d, "op": op, "call": name, "us": timing.median * 1e3,
+                             "spread": timing.spread})
+            print(harness.format_table(rows[-len(fns):]), flush=True)
+        del x, g, dy, w, replays, given, rstd, xg, wg, yg, ops
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -600,6 +642,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precompile", action="store_true", help="JIT all programs and exit")
     parser.add_argument("--shapes", default="all", help="'all', 'small' or T:D,T:D,...")
     parser.add_argument("--host", action="store_true", help="host cost per call, then exit")
+    parser.add_argument("--eager-gap", action="store_true",
+                        help="eager calls against their graph replays (RMSNorm), then exit")
     parser.add_argument("--tune", action="store_true", help="sweep TUNE_VARIANTS instead")
     parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
     args = parser.parse_args(argv)
@@ -620,6 +664,10 @@ def main(argv=None) -> int:
             harness.write_json(args.json, {"device": harness.device_summary(),
                                            "copy_bandwidth": bandwidth, "rows": rows})
 
+    if args.eager_gap:
+        rows = eager_gap(shapes if args.shapes != "all" else GAP_SHAPES, args.iters, bench)
+        save(rows)
+        return 0
     if args.tune:
         chosen = args.variants.split(",") if args.variants else list(TUNE_VARIANTS)
         names = ["table"] + [n for n in chosen if n != "table"]  # the reference of the checks

@@ -51,7 +51,7 @@
 #include <cuda_runtime.h>
 
 #include "cake/fast_math.cuh"
-#include "cake/program.h"
+#include "cake/launch.h"
 
 namespace cake {
 namespace rmsnorm {

@@ -27,7 +27,6 @@
 //
 // Memory safety: every global index is checked against [0, S) x [0, C) on its own, so any
 // cu_seqlens content (even one that fails the host checks) reads and writes only in bounds.
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -35,6 +34,7 @@
 #include <cuda_fp16.h>
 
 #include "cake/fast_math.cuh"
+#include "cake/launch.h"
 #include "cake/program.h"
 
 // cake:params
