@@ -364,10 +364,17 @@ TUNE_VARIANTS = {
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
     "row256": {"CAKE_MAX_ROW_THREADS": 256},
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_MAX_ROW_THREADS": 256},
-    "cta128": {"CAKE_CTA_THREADS": 128},
-    "cta512": {"CAKE_CTA_THREADS": 512},
+    "cta128": {"CAKE_FORWARD_CTA_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128},
+    "cta512": {"CAKE_FORWARD_CTA_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512},
     "l2_128": {"CAKE_L2_PREFETCH": 128},
     "l2_256": {"CAKE_L2_PREFETCH": 256},
+    # The forward at T = 65536 (85-87% of copy with 256-thread CTAs; the gated forward, with
+    # twice the bytes a row step, 91-95%): 256-thread CTAs (the forward before the night's sweep,
+    # tools/bench/results/2026-11-29-h200-rmsnorm-forward-cta-sweep.json), weights read through
+    # L1 (shared memory left to the ring).
+    "fwd_cta256": {"CAKE_FORWARD_CTA_THREADS": 256},
+    "fwd_weights_l1_stages3": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_STAGES": 3},
+    "fwd_weights_l1_rows32": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_CTA_ROWS": 32},
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 

@@ -85,7 +85,8 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kBackwardStages      the same for the backward
 //   kMinEpt              8 or 16: the narrowest instance compiled
 //   kMaxRowThreads       256 or 512: the widest row group an instance below kMaxEpt may use
-//   kCtaThreads          128, 256 or 512: threads a CTA aims for when a row needs fewer
+//   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
+//   kBackwardCtaThreads  the same for the backward
 //   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned streaming loads
 //   kForwardWeights      where staged forward instances below kMaxEpt read the weights from:
 //                        0 shared memory, 1 registers, 2 global memory through L1 (weight_source)
@@ -95,12 +96,16 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //                        row step each), so that the block scheduler evens out the SMs, which
 //                        drain DRAM at different rates (a persistent wave ends with the slowest)
 //   kBackwardBands       at most this many backward CTAs (weight-gradient partial rows)
+__host__ __device__ constexpr bool valid_cta_threads(int threads) {
+  return threads == 128 || threads == 256 || threads == 512;
+}
+
 template <class Cfg>
 __host__ __device__ constexpr bool valid_config() {
   return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
          Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
          (Cfg::kMaxRowThreads == 256 || Cfg::kMaxRowThreads == 512) &&
-         (Cfg::kCtaThreads == 128 || Cfg::kCtaThreads == 256 || Cfg::kCtaThreads == 512) &&
+         valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
          Cfg::kBackwardWeights <= 2 && Cfg::kForwardCtaRows >= 0 && Cfg::kBackwardBands >= 1;
@@ -1250,9 +1255,11 @@ inline int threads_per_row(int cols, int ept) {
   return tpr;
 }
 
-template <class Cfg>
+// Row groups a CTA of the direction holds (kBackward: the backward's CTA size).
+template <class Cfg, bool kBackward>
 inline int row_groups_per_cta(int tpr) {
-  return tpr >= Cfg::kCtaThreads ? 1 : Cfg::kCtaThreads / tpr;
+  constexpr int kThreads = kBackward ? Cfg::kBackwardCtaThreads : Cfg::kForwardCtaThreads;
+  return tpr >= kThreads ? 1 : kThreads / tpr;
 }
 
 // Ring slots for a ring of `slot_bytes` a slot next to `fixed_bytes` of weights and sums (see
@@ -1297,7 +1304,7 @@ constexpr int kStaticSmem = 1024;
 template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, typename Kernel>
 cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) {
   p.tpr = threads_per_row(p.cols, kEpt);
-  const int groups = row_groups_per_cta<Cfg>(p.tpr);
+  const int groups = row_groups_per_cta<Cfg, false>(p.tpr);
   const int threads = p.tpr * groups;
   size_t smem = 0;
   if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, false>()) {
@@ -1339,7 +1346,7 @@ cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) 
 template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, typename Kernel>
 cudaError_t launch_backward(Kernel kernel, BackwardParams p, int64_t ctas, cudaStream_t stream) {
   p.tpr = threads_per_row(p.cols, kEpt);
-  const int groups = row_groups_per_cta<Cfg>(p.tpr);
+  const int groups = row_groups_per_cta<Cfg, true>(p.tpr);
   const int threads = p.tpr * groups;
   size_t smem = 0;
   if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, true>()) {

@@ -7,7 +7,8 @@
 // loads (D a multiple of 16 / sizeof(T), 16-byte aligned tensors), 0 for element loads (any D).
 // Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
-// CAKE_MIN_ELEMS_PER_THREAD, CAKE_MAX_ROW_THREADS, CAKE_CTA_THREADS, CAKE_L2_PREFETCH,
+// CAKE_MIN_ELEMS_PER_THREAD, CAKE_MAX_ROW_THREADS, CAKE_{FORWARD,BACKWARD}_CTA_THREADS,
+// CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
 // the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
@@ -26,7 +27,8 @@
 #define CAKE_BACKWARD_STAGES 2
 #define CAKE_MIN_ELEMS_PER_THREAD 16
 #define CAKE_MAX_ROW_THREADS 512
-#define CAKE_CTA_THREADS 256
+#define CAKE_FORWARD_CTA_THREADS 256
+#define CAKE_BACKWARD_CTA_THREADS 256
 #define CAKE_L2_PREFETCH 0
 #define CAKE_FORWARD_WEIGHTS 0
 #define CAKE_BACKWARD_WEIGHTS 2
@@ -57,7 +59,8 @@ struct Config {
   static constexpr int kBackwardStages = CAKE_BACKWARD_STAGES;
   static constexpr int kMinEpt = CAKE_MIN_ELEMS_PER_THREAD;
   static constexpr int kMaxRowThreads = CAKE_MAX_ROW_THREADS;
-  static constexpr int kCtaThreads = CAKE_CTA_THREADS;
+  static constexpr int kForwardCtaThreads = CAKE_FORWARD_CTA_THREADS;
+  static constexpr int kBackwardCtaThreads = CAKE_BACKWARD_CTA_THREADS;
   static constexpr int kL2Prefetch = CAKE_L2_PREFETCH;
   static constexpr int kForwardWeights = CAKE_FORWARD_WEIGHTS;
   static constexpr int kBackwardWeights = CAKE_BACKWARD_WEIGHTS;

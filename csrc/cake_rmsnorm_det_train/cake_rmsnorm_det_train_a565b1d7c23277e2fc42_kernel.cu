@@ -8,7 +8,8 @@
 // loads (D a multiple of 16 / sizeof(T), 16-byte aligned tensors), 0 for element loads (any D).
 // Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
-// CAKE_MIN_ELEMS_PER_THREAD, CAKE_MAX_ROW_THREADS, CAKE_CTA_THREADS, CAKE_L2_PREFETCH,
+// CAKE_MIN_ELEMS_PER_THREAD, CAKE_MAX_ROW_THREADS, CAKE_{FORWARD,BACKWARD}_CTA_THREADS,
+// CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
 // the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
@@ -20,14 +21,15 @@
 #include "cake/rmsnorm_common.cuh"
 
 // cake:params
-#define CAKE_DTYPE 0
+#define CAKE_DTYPE 2
 #define CAKE_VECTOR 1
 #define CAKE_GATED 0
 #define CAKE_FORWARD_STAGES 2
 #define CAKE_BACKWARD_STAGES 2
 #define CAKE_MIN_ELEMS_PER_THREAD 16
 #define CAKE_MAX_ROW_THREADS 512
-#define CAKE_CTA_THREADS 256
+#define CAKE_FORWARD_CTA_THREADS 256
+#define CAKE_BACKWARD_CTA_THREADS 256
 #define CAKE_L2_PREFETCH 0
 #define CAKE_FORWARD_WEIGHTS 0
 #define CAKE_BACKWARD_WEIGHTS 0
@@ -58,7 +60,8 @@ struct Config {
   static constexpr int kBackwardStages = CAKE_BACKWARD_STAGES;
   static constexpr int kMinEpt = CAKE_MIN_ELEMS_PER_THREAD;
   static constexpr int kMaxRowThreads = CAKE_MAX_ROW_THREADS;
-  static constexpr int kCtaThreads = CAKE_CTA_THREADS;
+  static constexpr int kForwardCtaThreads = CAKE_FORWARD_CTA_THREADS;
+  static constexpr int kBackwardCtaThreads = CAKE_BACKWARD_CTA_THREADS;
   static constexpr int kL2Prefetch = CAKE_L2_PREFETCH;
   static constexpr int kForwardWeights = CAKE_FORWARD_WEIGHTS;
   static constexpr int kBackwardWeights = CAKE_BACKWARD_WEIGHTS;
@@ -79,42 +82,42 @@ constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BAC
 
 template <int kEpt>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_4424335ada1464e2af28_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+kernel_cake_rmsnorm_det_train_a565b1d7c23277e2fc42_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
   cake::rmsnorm::forward<Elem, kAligned, kEpt, kGated, Config>(p);
 }
 
 template <int kEpt>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_4424335ada1464e2af28_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+kernel_cake_rmsnorm_det_train_a565b1d7c23277e2fc42_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
   cake::rmsnorm::backward<Elem, kAligned, kEpt, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_rmsnorm_det_train_4424335ada1464e2af28_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_rmsnorm_det_train_a565b1d7c23277e2fc42_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_rmsnorm_det_train_4424335ada1464e2af28_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+cudaError_t cake_rmsnorm_det_train_a565b1d7c23277e2fc42_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
     constexpr int kEpt = decltype(ept)::value;
     return cake::rmsnorm::launch_forward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_rmsnorm_det_train_4424335ada1464e2af28_forward<kEpt>, p, stream);
+        kernel_cake_rmsnorm_det_train_a565b1d7c23277e2fc42_forward<kEpt>, p, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_4424335ada1464e2af28_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_rmsnorm_det_train_a565b1d7c23277e2fc42_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
     constexpr int kEpt = decltype(ept)::value;
     return cake::rmsnorm::launch_backward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_rmsnorm_det_train_4424335ada1464e2af28_backward<kEpt>, p, ctas, stream);
+        kernel_cake_rmsnorm_det_train_a565b1d7c23277e2fc42_backward<kEpt>, p, ctas, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_4424335ada1464e2af28_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_4424335ada1464e2af28_dweight, p, stream);
+cudaError_t cake_rmsnorm_det_train_a565b1d7c23277e2fc42_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_a565b1d7c23277e2fc42_dweight, p, stream);
 }
 
-int64_t cake_rmsnorm_det_train_4424335ada1464e2af28_backward_rows_per_cta(int64_t rows) {
+int64_t cake_rmsnorm_det_train_a565b1d7c23277e2fc42_backward_rows_per_cta(int64_t rows) {
   return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }
