@@ -7,10 +7,10 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on bf16/f
 * the fp32 part is bounded against a magnitude envelope of the same formula with absolute
   values (``env``): z sums 5 terms (<= 5 u env, u = 2^-24), the sigmoid uses __expf and the
   approximate reciprocal (a few ulp, ~1e-6 relative), so 1e-5 * env for y and dx;
-* dweight/dbias add one fp32 chain per column: a thread's rows of its block's span (<= 64),
-  the block's row groups (<= 16), the spans (<= ~600 at S = 300k, summed in 8 groups of
-  <= 75, then the 8 groups), < 210 additions, so <= 210 u ~ 1.3e-5 relative to sum |dz x|;
-  we allow 3e-5 * env.
+* dweight/dbias add one fp32 chain per column: a thread's rows of its span (<= 128, long tile;
+  8, short tile), the block's token threads (4; 16), the token tiles (<= ~600; ~2400 at
+  S = 300k, summed in 32 groups of <= 19; <= 75, then the 32 groups): < 210 additions, so
+  <= 210 u ~ 1.3e-5 relative to sum |dz x|; we allow 3e-5 * env.
 """
 
 from __future__ import annotations

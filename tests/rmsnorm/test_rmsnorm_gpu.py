@@ -366,10 +366,11 @@ def test_bitwise_repeatable_and_stream_independent(family, shape):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_mixed_shared_memory_sizes_from_two_threads(family):
-    """Rows of 8192 and 6144 both take more than 48 KiB of shared memory in the same kernels,
-    whose limit is raised once per kernel and device and never lowered (cake::allow_smem):
-    both sizes, called alternately from two threads on two streams, run and give the bits of a
-    single-threaded run."""
+    """Rows of 8192 and 6144 take more than 48 KiB of shared memory (dynamic plus static) in the
+    same kernels, whose limit is raised once per kernel and device and never lowered
+    (cake::allow_smem): both sizes, called alternately from two threads on two streams, run and
+    give the bits of a single-threaded run. The single-threaded run raises the limits first, so
+    the threads take the checked fast path; the first raise under a race is not exercised."""
     cases = [make_case((600, cols), seed=cols) for cols in (8192, 6144)]
 
     def run(case):

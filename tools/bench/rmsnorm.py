@@ -280,7 +280,7 @@ def eager_gap(shapes, iters: int, bench) -> list:
                 rows.append({"T": t, "D": d, "op": op, "call": name, "us": timing.median * 1e3,
                              "spread": timing.spread})
             print(harness.format_table(rows[-len(fns):]), flush=True)
-        del x, g, dy, w, replays, given, rstd, xg, wg, yg, ops
+        del x, g, dy, w, replays, given, rstd, xg, wg, yg, ops, fns  # fns: the last op's closures
         torch.cuda.empty_cache()
     return rows
 
@@ -368,11 +368,12 @@ TUNE_VARIANTS = {
     "cta512": {"CAKE_FORWARD_CTA_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512},
     "l2_128": {"CAKE_L2_PREFETCH": 128},
     "l2_256": {"CAKE_L2_PREFETCH": 256},
-    # The forward at T = 65536 (85-87% of copy with 256-thread CTAs; the gated forward, with
-    # twice the bytes a row step, 91-95%): 256-thread CTAs (the forward before the night's sweep,
-    # tools/bench/results/2026-11-29-h200-rmsnorm-forward-cta-sweep.json), weights read through
-    # L1 (shared memory left to the ring).
+    # Forward CTA size (the night's sweeps, tools/bench/results/2026-11-29-h200-rmsnorm-forward-
+    # cta-*.json; those runs had one CAKE_CTA_THREADS knob for both directions and families):
+    # 512 or 256 threads (the table: RMSNorm 256, gated 512; each variant is a no-op for one
+    # family), and weights read through L1 (shared memory left to the ring).
     "fwd_cta256": {"CAKE_FORWARD_CTA_THREADS": 256},
+    "fwd_cta512": {"CAKE_FORWARD_CTA_THREADS": 512},
     "fwd_weights_l1_stages3": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_STAGES": 3},
     "fwd_weights_l1_rows32": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_CTA_ROWS": 32},
 }

@@ -36,9 +36,9 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # 81-93% for one persistent wave) and its ring depth (-forward-ring-sweep.json: the 2-slot ring
 # with 16-row CTAs 83-93% against 84-91% for the next row in registers with 8-row CTAs); the
 # night's CTA-size sweeps (-forward-cta-sweep.json, -forward-cta-confirm.json): 512-thread
-# forward CTAs gain 1-4 points at D = 2048-4096 in both families but cost RMSNorm's forward 4-6
-# at D = 1024 (two row steps a CTA), so only the gated family takes them (below); the backward
-# stays at 256 (81-83% with 512).
+# forward CTAs gain 2-4 points for the gated forward and 0-2 for RMSNorm's at D = 2048-4096 but
+# cost RMSNorm's forward 4-6 at D = 1024 (two row steps a CTA), so only the gated family takes
+# them (below); the backward stays at 256 (0-3 points lower with 512).
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 256,
           "CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_L2_PREFETCH": 0,
