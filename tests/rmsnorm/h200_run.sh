@@ -3,9 +3,13 @@
 # benchmark. On the GPU machine, from the repository root (fla-core and liger-kernel wheels in .whl/):
 #   bash tests/rmsnorm/h200_run.sh [tests|quick|sanitize|host|bench|small|tune ...]   (default: tests sanitize bench)
 # quick: the tests without the two slow ones (processes, torch.compile). tune: the knob sweep
-# (tools/bench/rmsnorm.py --tune; no peers needed). Step time limits come from TESTS_TIMEOUT,
-# SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the samples per
-# figure, TUNE_VARIANTS a comma-separated subset of the sweep.
+# (tools/bench/rmsnorm.py --tune; no peers needed). ncu: instructions, issue-slot use, warps and
+# DRAM throughput of the first launch of each forward and backward kernel of the tune's table
+# programs at NCU_SHAPES (ncu --clock-control none). baseline: the tune's table and the ncu step
+# again in another checkout (BASELINE, e.g. `git archive <rev> | tar -x -C .baseline`), for an
+# A/B of the kernel code itself in one call. Step time limits come from TESTS_TIMEOUT,
+# SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT, NCU_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the
+# samples per figure, TUNE_VARIANTS a comma-separated subset of the sweep.
 set -o pipefail
 export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +20,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD:/tmp/site
 date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python3 tools/bench/rmsnorm.py --precompile 2>&1 | tail -3 || exit 1
+# (PRECOMPILE=0: the steps compile what they use; the baseline step's ncu needs no family program.)
+if [[ ${PRECOMPILE:-1} == 1 ]]; then python3 tools/bench/rmsnorm.py --precompile 2>&1 | tail -3 || exit 1; fi
 for step in $steps; do
   case $step in
     tests|quick)
@@ -36,5 +41,14 @@ for step in $steps; do
     tune) timeout ${TUNE_TIMEOUT:-280} python3 tools/bench/rmsnorm.py --tune --iters ${TUNE_ITERS:-15} \
             ${TUNE_VARIANTS:+--variants "$TUNE_VARIANTS"} --json "$OUT/tune.json" \
             2>&1 | tee "$OUT/tune.log" | tail -150 ;;
+    baseline) [[ -d ${BASELINE:-} ]] || { echo "baseline: set BASELINE to a checkout"; exit 1; }
+      (cd "$BASELINE" && PYTHONPATH=$PWD timeout ${TUNE_TIMEOUT:-280} python3 tools/bench/rmsnorm.py --tune \
+         --iters ${TUNE_ITERS:-15} --variants table --json "$OUT/tune_baseline.json" > "$OUT/tune_baseline.log" 2>&1)
+      echo "baseline tune: rc=$?"; tail -60 "$OUT/tune_baseline.log"
+      (cd "$BASELINE" && OUT=$OUT/baseline PRECOMPILE=0 bash "$OLDPWD/tests/rmsnorm/h200_run.sh" ncu) ;;
+    ncu) timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name-base demangled --kernel-id "::regex:_(forward|backward)<:1" \
+            --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            python3 tools/bench/rmsnorm.py --tune --variants table --iters 1 --shapes ${NCU_SHAPES:-65536:2048,65536:8192} \
+            > "$OUT/ncu.txt" 2>&1; echo "ncu: rc=$?"; grep -E "^  [a-z_]+ kernel_|duration|inst_executed|issue_active|warps_active|dram__" "$OUT/ncu.txt" | head -80 ;;
   esac
 done

@@ -390,7 +390,7 @@ def tune_programs(variants: dict) -> dict:
 
     out = {name: {} for name in variants}
     for key, table, gated in (("plain", plain_table, False), ("gated", gated_table, True)):
-        base = dict(plain_table.tuning("vector", gated), CAKE_DTYPE=0, CAKE_VECTOR=1,
+        base = dict(plain_table.tuning("bfloat16", "vector", gated), CAKE_DTYPE=0, CAKE_VECTOR=1,
                     CAKE_GATED=int(gated))
         knobs = {name: dict(base, **overrides) for name, overrides in variants.items()}
         unique = {}

@@ -50,14 +50,17 @@ TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_P
 # 89-100% of copy at the 8 shapes against 89-98% with 256 (-forward-cta-confirm.json).
 GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
                 "CAKE_FORWARD_CTA_THREADS": 512}
-# The scalar route's backward needs more than 64 registers a thread (it spills at 64).
-SCALAR_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}
+# The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
+# elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
+# spills at 64).
+WIDE_BACKWARD_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}
 
 
-def tuning(load: str, gated: bool) -> dict:
-    """The tuning knobs of one family's programs of one load (``vector`` or ``scalar``)."""
+def tuning(dtype: str, load: str, gated: bool) -> dict:
+    """The tuning knobs of one family's programs of one dtype and load (``vector`` or
+    ``scalar``)."""
     return {**TUNING, **(GATED_TUNING if gated else {}),
-            **(SCALAR_TUNING if load == "scalar" else {})}
+            **(WIDE_BACKWARD_TUNING if load == "scalar" or dtype == "float32" else {})}
 
 
 def specs(gated: bool) -> tuple:
@@ -65,7 +68,7 @@ def specs(gated: bool) -> tuple:
     return tuple(
         Spec(variant={"dtype": dtype, "load": load}, route=dict(ROUTE),
              params={"CAKE_DTYPE": code, "CAKE_VECTOR": vector, "CAKE_GATED": int(gated),
-                     **tuning(load, gated)})
+                     **tuning(dtype, load, gated)})
         for (dtype, code), (load, vector) in itertools.product(DTYPES.items(), LOADS.items()))
 
 

@@ -18,7 +18,10 @@
 // multiple of kVec, 16-byte aligned rows) a pack moves as one 16-byte access; on the unaligned
 // route (any D, any element alignment) as kVec element accesses, the last pack of a row partly
 // (elements past D read as 0 and are not written). A program compiles instances for kEpt in
-// {8 (optional), 16, 32} and picks one per D (elems_per_thread).
+// {8 (optional), 16, 32} and picks one per D (elems_per_thread); on the aligned route, the row
+// groups of 64 to 512 threads (D = 1024 .. 8192 at 16 elements a thread, 16384 at 32) also get
+// instances with that width fixed at compile time (Shape, with_instance), whose ring, row and
+// column offsets are immediates: the row loop then spends its instructions on the data.
 //
 // Two ways to keep rows in flight (the kernels are bound by DRAM latency times bytes in flight):
 // * staged (every instance unless the direction's stages knob is 0): the next rows' packs go
@@ -253,14 +256,14 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T>& value, int valid
   }
 }
 
-// (With fp32 x the weight is fp32 either way.)
-// base + offset (a row's first element), opaque to the compiler, or null for a null base. Left
-// visible, base + offset + col gets split into a loop-invariant base + col per pack: 64-bit
-// registers that spill on the widest instances.
+// base + offset + thread_offset (a row's first element: a staged step's first row, the same for
+// the whole CTA, plus the thread's row from there), opaque to the compiler, or null for a null
+// base. Left visible, base + offset + col gets split into a loop-invariant base + col per pack:
+// 64-bit registers that spill on the widest instances.
 template <typename T>
-__device__ __forceinline__ T* row_pointer(T* base, int64_t offset) {
+__device__ __forceinline__ T* row_pointer(T* base, int64_t offset, int thread_offset = 0) {
   if (base == nullptr) return nullptr;
-  T* row = base + offset;
+  T* row = base + offset + thread_offset;
   asm("" : "+l"(row));
   return row;
 }
@@ -285,23 +288,30 @@ __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// Starts copying 16 bytes to shared memory through L2 only (.cg), with the L2 prefetch hint kL2.
+// Shared memory at a shared-space address, as a pointer the compiler knows to be shared. (Ring
+// addresses are kept as 32-bit shared-space offsets: as generic pointers, every use re-derives
+// the shared window's base.)
+template <typename V>
+__device__ __forceinline__ V* shared_pointer(unsigned address) {
+  return static_cast<V*>(__cvta_shared_to_generic(address));
+}
+
+// Starts copying 16 bytes to shared memory (a shared-space address) through L2 only (.cg),
+// with the L2 prefetch hint kL2.
 template <int kL2>
-__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+__device__ __forceinline__ void copy16_async(unsigned dst, const void* src) {
   if constexpr (kL2 == 128) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
   } else if constexpr (kL2 == 256) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
   } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
   }
 }
 
 // Starts copying 4 bytes to shared memory (.ca: .cg takes only 16).
-__device__ __forceinline__ void copy4_async(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_address(dst)), "l"(src) : "memory");
+__device__ __forceinline__ void copy4_async(unsigned dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -322,29 +332,82 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   }
 }
 
+// --------------------------------------------------------------------------- CTA shape
+
+// Row groups a CTA of kCtaThreads holds at `tpr` threads a group (one when a row takes more):
+// the launchers and Shape both count them here.
+template <int kCtaThreads>
+__host__ __device__ constexpr int row_groups(int tpr) {
+  return tpr >= kCtaThreads ? 1 : kCtaThreads / tpr;
+}
+
+// A CTA's row layout: row groups of `tpr` threads (see the top of this file), `groups` of them
+// (row_groups), `threads` in all, and the calling thread's group and lane. An instance that
+// fixes kTpr (> 0: the common power-of-two widths, aligned route) has them at compile time, so
+// ring, row and column offsets fold into immediates; kTpr 0 takes tpr from the launch
+// parameters (any D).
+template <int kTpr, int kCtaThreads>
+struct Shape {
+  // (The launchers refuse a fixed-width kernel for another width, and launch tpr * row_groups.)
+  int tpr;
+  int threads;
+  int groups;
+  int group;
+  int lane;
+
+  __device__ __forceinline__ explicit Shape(int launched_tpr)
+      : tpr(kTpr > 0 ? kTpr : launched_tpr),
+        threads(kTpr > 0 ? kTpr * row_groups<kCtaThreads>(kTpr) : static_cast<int>(blockDim.x)),
+        groups(threads / tpr),
+        group(static_cast<int>(threadIdx.x) / tpr),
+        lane(static_cast<int>(threadIdx.x) - group * tpr) {}
+};
+
 // --------------------------------------------------------------------------- row-group sum
 
-// Sum of `value` over the row group of `tpr` threads; every thread of the group gets the same
-// bits (butterfly order; IEEE addition commutes). Every thread of the CTA must call it the same
-// number of times. `scratch` holds 2 * 32 floats; `parity` alternates per call so that one
-// barrier per call suffices.
-__device__ __forceinline__ float group_sum(float value, int tpr, float* scratch, int parity) {
-  const int width = tpr < 32 ? tpr : 32;
+// Sums over each row group of `tpr` threads: every thread of a group gets the same bits
+// (butterfly order within a warp, then the group's warps in order; IEEE addition commutes).
+// Made once per thread, so that what depends only on the thread stays out of the row loop.
+// Every thread of the CTA must call it the same number of times. `scratch` holds 2 * 32
+// floats, 16-byte aligned; calls alternate between its halves, so one barrier a call suffices.
+class GroupSum {
+ public:
+  __device__ __forceinline__ GroupSum(int tpr, int group, float* scratch)
+      : scratch_(scratch), width_(tpr < 32 ? tpr : 32), warps_(tpr > 32 ? tpr >> 5 : 0),
+        first_(group * (tpr >> 5)) {}
+
+  __device__ __forceinline__ float operator()(float value) {
 #pragma unroll
-  for (int offset = 16; offset >= 1; offset >>= 1) {
-    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    for (int offset = 16; offset >= 1; offset >>= 1) {
+      if (offset < width_) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    }
+    if (warps_ == 0) return value;
+    float* slots = scratch_ + half_;
+    half_ ^= 32;
+    if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = value;
+    __syncthreads();
+    const float* mine = slots + first_;
+    float total = 0.0f;
+    if ((warps_ & 3) == 0) {  // the group's slots start at a multiple of 4: 16-byte reads
+#pragma unroll 1
+      for (int w = 0; w < warps_; w += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(mine + w);
+        total = total + q.x + q.y + q.z + q.w;
+      }
+    } else {
+#pragma unroll 1
+      for (int w = 0; w < warps_; ++w) total += mine[w];
+    }
+    return total;
   }
-  if (tpr <= 32) return value;
-  float* slots = scratch + 32 * parity;
-  const int warp = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) slots[warp] = value;
-  __syncthreads();
-  const int warps = tpr >> 5;
-  const int first = (warp / warps) * warps;
-  float total = 0.0f;
-  for (int w = 0; w < warps; ++w) total += slots[first + w];
-  return total;
-}
+
+ private:
+  float* scratch_;
+  int width_;  // lanes of a warp in the group
+  int warps_;  // warps of a group wider than a warp, else 0
+  int first_;  // the group's first warp in the CTA
+  int half_ = 0;
+};
 
 // --------------------------------------------------------------------------- slices, weights
 
@@ -469,98 +532,139 @@ __device__ __forceinline__ void load_slice(Pack<T> (&dst)[kEpt / Pack<T>::kVec],
 //   pack c at element (c * tpr + lane) * kVec of its row. Every thread of the CTA copies the
 //   step's rows element by element (coalesced), so consumers wait at a barrier. The padding is
 //   zeroed once and never written by a copy, so the part of a row's last pack past D reads as 0.
+// Either way a thread's pack c of tensor t in slot s is at mine + s * slot_stride + t *
+// tensor_stride + c * pack_stride, with the four worked out once (the row loop only adds).
 template <typename T, bool kAligned, int kEpt>
-struct Ring {
+class Ring {
+ public:
   using S = Slice<T, kEpt>;
   static constexpr int kVec = S::kVec;
   static constexpr int kVpt = S::kVpt;
-  uint4* base;
-  int tensors;
-  int stages;
-  int groups;
-  int group;
-  int tpr;
-  int lane;
+  static constexpr int kPack = 16;  // bytes
 
-  // Unaligned route: the first pack of row g of tensor t in slot s.
-  __device__ __forceinline__ uint4* row(int slot, int tensor, int g) const {
-    return base + ((slot * tensors + tensor) * groups + g) * tpr * kVpt;
-  }
-  __device__ __forceinline__ uint4* at(int slot, int tensor, int c) const {
-    if constexpr (kAligned) {
-      return base + ((slot * tensors + tensor) * kVpt + c) * static_cast<int>(blockDim.x) + threadIdx.x;
-    } else {
-      return row(slot, tensor, group) + c * tpr + lane;
-    }
+  template <class Shape>
+  __device__ __forceinline__ Ring(void* base, int tensors, int stages, const Shape& shape)
+      : data_(static_cast<char*>(base)),
+        base_(smem_address(base)),
+        mine_(base_ + kPack * (kAligned ? static_cast<int>(threadIdx.x)
+                                        : shape.group * shape.tpr * kVpt + shape.lane)),
+        pack_stride_(kPack * (kAligned ? shape.threads : shape.tpr)),
+        tensor_stride_(kPack * kVpt * shape.threads),
+        slot_stride_(tensors * tensor_stride_),
+        stages_(stages),
+        threads_(shape.threads),
+        tpr_(shape.tpr),
+        lane_(shape.lane) {}
+
+  // Shared-space address of the ring's first byte and of the first byte past it (both layouts
+  // take stages * tensors * threads * kVpt packs).
+  __device__ __forceinline__ unsigned base() const { return base_; }
+  __device__ __forceinline__ unsigned end() const { return base_ + stages_ * slot_stride_; }
+  // The thread's pack c of tensor t in the slot.
+  __device__ __forceinline__ unsigned at(int slot, int tensor, int c) const {
+    return mine_ + slot * slot_stride_ + tensor * tensor_stride_ + c * pack_stride_;
   }
   __device__ __forceinline__ Pack<T> get(int slot, int tensor, int c) const {
     Pack<T> out;
-    out.set_raw(*at(slot, tensor, c));
+    out.set_raw(*shared_pointer<const uint4>(at(slot, tensor, c)));
     return out;
   }
   __device__ __forceinline__ void put(int slot, int tensor, int c, const Pack<T>& value) const {
-    *at(slot, tensor, c) = value.raw();
-  }
-  // The first byte past the ring (both layouts take stages * tensors * blockDim.x * kVpt packs).
-  __device__ __forceinline__ char* end() const {
-    return reinterpret_cast<char*>(base + stages * tensors * kVpt * static_cast<int>(blockDim.x));
+    *shared_pointer<uint4>(at(slot, tensor, c)) = value.raw();
   }
 
   // Unaligned route: zeros the padding [cols, row_elems) of every row of every slot (then a
   // barrier).
   __device__ __forceinline__ void zero_padding(int cols) const {
     if constexpr (!kAligned) {
-      T* elems = reinterpret_cast<T*>(base);
-      const int row_elems = tpr * kEpt;
+      T* elems = reinterpret_cast<T*>(data_);
+      const int row_elems = tpr_ * kEpt;
       const int pad = row_elems - cols;
-      const int rows = stages * tensors * groups;
-      for (int i = threadIdx.x; i < rows * pad; i += blockDim.x) {
+      const int rows = stages_ * slot_stride_ / (kPack * tpr_ * kVpt);
+      for (int i = threadIdx.x; i < rows * pad; i += threads_) {
         elems[(i / pad) * row_elems + cols + i % pad] = T(0.0f);
       }
       __syncthreads();
     }
   }
 
-  // Starts copying rows [row0, row0 + count) (count <= groups) of `src` into the slot: on the
-  // aligned route the thread's own row (group < count), on the unaligned route all of them.
+  // Aligned route: starts copying the thread's packs of its row, whose pack 0 is at `src`.
   template <int kL2>
-  __device__ __forceinline__ void fill(int slot, int tensor, const T* src, int64_t row0, int count,
-                                       int cols) const {
-    if constexpr (kAligned) {
-      if (group < count) {
-        const T* row_src = src + (row0 + group) * cols;
+  __device__ __forceinline__ void fill_own(int slot, int tensor, const T* src, int cols) const {
 #pragma unroll
-        for (int c = 0; c < kVpt; ++c) {
-          const int col = S::column(c, tpr, lane);
-          if (col < cols) copy16_async<kL2>(at(slot, tensor, c), row_src + col);
-        }
+    for (int c = 0; c < kVpt; ++c) {
+      if (S::column(c, tpr_, lane_) < cols) copy16_async<kL2>(at(slot, tensor, c), src + c * tpr_ * kVec);
+    }
+  }
+
+  // Unaligned route: starts copying (or copies, see async_copies) `count` (<= groups)
+  // consecutive rows starting at `src` into the slot; every thread of the CTA takes part.
+  __device__ __forceinline__ void fill_rows(int slot, int tensor, const T* src, int count, int cols) const {
+    // Element i of the rows is column i % cols of row i / cols, at that column of its padded
+    // row in the slot.
+    const int first = slot * slot_stride_ + tensor * tensor_stride_;
+    const int row_elems = tpr_ * kEpt;
+    const int total = count * cols;
+    if constexpr (async_copies<T, kAligned>()) {
+      for (int i = threadIdx.x; i < total; i += threads_) {
+        const int g = i / cols;
+        const int element = g * row_elems + (i - g * cols);
+        copy4_async(base_ + first + static_cast<unsigned>(sizeof(T) * element), src + i);
       }
     } else {
-      // The step's rows are consecutive in memory: element i of them is column i % cols of row
-      // i / cols, at that column of its padded row in the slot.
-      const T* chunk = src + row0 * cols;
-      T* rows = reinterpret_cast<T*>(row(slot, tensor, 0));
-      const int row_elems = tpr * kEpt;
-      const int total = count * cols;
-      if constexpr (async_copies<T, kAligned>()) {
-        for (int i = threadIdx.x; i < total; i += blockDim.x) {
-          const int g = i / cols;
-          copy4_async(rows + g * row_elems + (i - g * cols), chunk + i);
-        }
-      } else {
+      T* rows = reinterpret_cast<T*>(data_ + first);
 #pragma unroll 4  // synchronous: several loads in flight
-        for (int i = threadIdx.x; i < total; i += blockDim.x) {
-          const int g = i / cols;
-          rows[g * row_elems + (i - g * cols)] = chunk[i];
-        }
+      for (int i = threadIdx.x; i < total; i += threads_) {
+        const int g = i / cols;
+        rows[g * row_elems + (i - g * cols)] = src[i];
       }
     }
+  }
+
+ private:
+  char* data_;      // the ring's first byte (generic), for the unaligned route's plain stores
+  unsigned base_;   // the same as a shared-space address
+  unsigned mine_;  // the thread's pack 0 of tensor 0 in slot 0
+  int pack_stride_;
+  int tensor_stride_;
+  int slot_stride_;
+  int stages_;
+  int threads_;
+  int tpr_;
+  int lane_;
+};
+
+// The rows of a staged loop, one step at a time: step k holds rows first + k * stride + g for
+// the row groups g < groups, below `limit`. A cursor holds one step (its first row and that
+// row's element offset, both the same for the whole CTA) and moves to the next with advance();
+// the copies and the computation each walk their own. A thread adds its own constant part
+// (its group's row, its column), so its per-step state stays uniform.
+struct StepRows {
+  int64_t row0;    // the step's first row
+  int64_t offset;  // row0 * cols
+  int64_t stride;
+  int64_t offset_stride;
+  int64_t limit;
+
+  __device__ __forceinline__ StepRows(int64_t first, int64_t stride_rows, int64_t limit_rows, int cols)
+      : row0(first), offset(first * cols), stride(stride_rows), offset_stride(stride_rows * cols),
+        limit(limit_rows) {}
+  __device__ __forceinline__ void advance() {
+    row0 += stride;
+    offset += offset_stride;
+  }
+  // Whether the step has row group g's row.
+  __device__ __forceinline__ bool has(int g) const { return g < limit - row0; }
+  // Rows of the step (0 .. groups).
+  __device__ __forceinline__ int count(int groups) const {
+    return limit - row0 < groups ? static_cast<int>(limit - row0) : groups;
   }
 };
 
 // The cp.async discipline of a staged loop over `steps` steps: one group committed per step
 // (empty past the CTA's rows), so "step k is in" is always "at most stages - 1 groups pending".
-// `fill(step, slot)` starts the copies of one step (called only for step < steps).
+// `fill(slot)` starts the copies of the next step not yet started (steps are filled in order;
+// called only for steps < steps).
 // * begin(): steps 0 .. stages - 2 into slots 0 .. stages - 2.
 // * before(k): step k + stages - 1 into the slot step k - 1 used, then waits for step k. The
 //   unaligned route's copies cross threads: a barrier before the refill (every thread is done
@@ -574,17 +678,17 @@ struct Pipeline {
   int refill = 0;  // the slot the previous step used
 
   template <typename Fill>
-  __device__ __forceinline__ void begin(const Fill& fill) {
+  __device__ __forceinline__ void begin(Fill& fill) {
     for (int k = 0; k < stages - 1; ++k) {
-      if (k < steps) fill(k, k);
+      if (k < steps) fill(k);
       cp_async_commit();
     }
     refill = stages - 1;
   }
   template <typename Fill>
-  __device__ __forceinline__ void before(int64_t step, const Fill& fill) {
+  __device__ __forceinline__ void before(int64_t step, Fill& fill) {
     if constexpr (!kAligned) __syncthreads();
-    if (step + stages - 1 < steps) fill(step + stages - 1, refill);
+    if (step + stages - 1 < steps) fill(refill);
     cp_async_commit();
     cp_async_wait_pending(stages - 1);
     if constexpr (!kAligned) __syncthreads();
@@ -595,63 +699,68 @@ struct Pipeline {
   }
 };
 
-// Starts the copies of the forward's step `step` (rows first + step * stride + [0, groups)).
-template <typename T, bool kAligned, int kEpt, bool kGated, int kL2>
-struct ForwardFill {
-  const Ring<T, kAligned, kEpt>& ring;
-  const ForwardParams& p;
-  int64_t first;
-  int64_t stride;
-  int groups;
+// The row tensors of a staged step in ring order (t a compile-time constant after unrolling,
+// so each read is of the launch parameters themselves): forward x (, g) (, residual); backward
+// s, dy (, g).
+template <bool kGated>
+__device__ __forceinline__ const void* ring_source(const ForwardParams& p, int t) {
+  return t == 0 ? p.x : (kGated && t == 1 ? p.gate : p.residual);
+}
+template <bool kGated>
+__device__ __forceinline__ const void* ring_source(const BackwardParams& p, int t) {
+  return t == 0 ? p.s : (t == 1 ? p.dy : p.gate);
+}
 
-  __device__ __forceinline__ void operator()(int64_t step, int slot) const {
-    const int64_t row0 = first + step * stride;
-    const int count = p.rows - row0 < groups ? static_cast<int>(p.rows - row0) : groups;
-    ring.template fill<kL2>(slot, 0, static_cast<const T*>(p.x), row0, count, p.cols);
-    if (kGated) ring.template fill<kL2>(slot, 1, static_cast<const T*>(p.gate), row0, count, p.cols);
-    if (p.residual != nullptr) {
-      ring.template fill<kL2>(slot, kGated ? 2 : 1, static_cast<const T*>(p.residual), row0, count, p.cols);
-    }
-  }
-};
-
-// Starts the copies of the backward's step `step` (rows begin + step * groups + [0, groups),
-// below end), and each row group's rstd into the rstd ring.
-template <typename T, bool kAligned, int kEpt, bool kGated, int kL2>
-struct BackwardFill {
+// Starts the copies of the next step into a slot and moves to the step after: the `kTensors`
+// row tensors of ring_source (each read at the cursor's rows; the last may be absent: the
+// forward's residual) and, with kRstd (the backward), each row group's rstd into the rstd ring.
+template <typename T, bool kAligned, int kEpt, bool kGated, int kTensors, bool kRstd, int kL2, class Params>
+struct StepFill {
   const Ring<T, kAligned, kEpt>& ring;
-  const BackwardParams& p;
-  float* rstd_ring;
-  int64_t begin;
-  int64_t end;
+  const Params& p;
+  StepRows rows;
+  int cols;
   int groups;
   int group;
+  int thread_offset;            // aligned: the thread's pack 0 in its row of a step, group * cols + lane * kVec
+  unsigned rstd_ring = 0;       // kRstd: shared-space address of the thread's rstd in slot 0
+  int rstd_slot = 0;            // kRstd: bytes a slot of the rstd ring
 
-  __device__ __forceinline__ void operator()(int64_t step, int slot) const {
-    const int64_t row0 = begin + step * groups;
-    const int count = end - row0 < groups ? static_cast<int>(end - row0) : groups;
-    ring.template fill<kL2>(slot, 0, static_cast<const T*>(p.s), row0, count, p.cols);
-    ring.template fill<kL2>(slot, 1, static_cast<const T*>(p.dy), row0, count, p.cols);
-    if (kGated) ring.template fill<kL2>(slot, 2, static_cast<const T*>(p.gate), row0, count, p.cols);
-    if (group < count) copy4_async(rstd_ring + slot * blockDim.x + threadIdx.x, p.rstd + row0 + group);
+  __device__ __forceinline__ void operator()(int slot) {
+    const bool mine = rows.has(group);
+#pragma unroll
+    for (int t = 0; t < kTensors; ++t) {
+      const T* source = static_cast<const T*>(ring_source<kGated>(p, t));
+      if (t + 1 == kTensors && source == nullptr) continue;
+      if constexpr (kAligned) {
+        if (mine) ring.template fill_own<kL2>(slot, t, source + rows.offset + thread_offset, cols);
+      } else {
+        ring.fill_rows(slot, t, source + rows.offset, rows.count(groups), cols);
+      }
+    }
+    if constexpr (kRstd) {
+      if (mine) copy4_async(rstd_ring + slot * rstd_slot, p.rstd + rows.row0 + group);
+    }
+    rows.advance();
   }
 };
 
 // --------------------------------------------------------------------------- forward
 
 // Registers path: the next row is loaded while the current one is reduced and written.
-template <typename T, int kEpt, bool kGated, class Cfg>
+template <typename T, int kEpt, int kTpr, bool kGated, class Cfg>
 __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
   using S = Slice<T, kEpt>;
   using P = Pack<T>;
   constexpr int kVec = S::kVec;
   constexpr int kVpt = S::kVpt;
   constexpr int kL2 = Cfg::kL2Prefetch;
-  __shared__ float scratch[64];
-  const int tpr = p.tpr;
-  const int groups = blockDim.x / tpr;
-  const int group = threadIdx.x / tpr;
-  const int lane = threadIdx.x - group * tpr;
+  __shared__ __align__(16) float scratch[64];
+  const Shape<kTpr, Cfg::kForwardCtaThreads> shape(p.tpr);
+  const int tpr = shape.tpr;
+  const int groups = shape.groups;
+  const int group = shape.group;
+  const int lane = shape.lane;
   const int cols = p.cols;
 
   extern __shared__ float4 dynamic_smem[];
@@ -665,7 +774,7 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
   T* y = static_cast<T*>(p.y);
   T* residual_out = static_cast<T*>(p.residual_out);
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  int parity = 0;
+  GroupSum group_sum(tpr, group, scratch);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
   int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
   P s[kVpt], g[kVpt], s_next[kVpt], g_next[kVpt];
@@ -701,8 +810,7 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
         ssq = fmaf(f, f, ssq);
       }
     }
-    ssq = group_sum(ssq, tpr, scratch, parity);
-    parity ^= 1;
+    ssq = group_sum(ssq);
     const float rstd = rsqrtf(ssq * inv_cols + p.eps);
     if (row_ok) {
       if (p.rstd != nullptr && lane == 0) p.rstd[row] = rstd;
@@ -745,7 +853,7 @@ __host__ __device__ constexpr int second_pass_unroll() {
 // Staged path: rows arrive through the shared-memory ring (see the top of this file). Dynamic
 // shared memory: the weights (if staged), then the ring of x, g (gated) and residual (when
 // given). The CTA's rows are first + k * stride + group (grid-stride, k = 0, 1, ...).
-template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+template <typename T, bool kAligned, int kEpt, int kTpr, bool kGated, class Cfg>
 __device__ __forceinline__ void forward_staged(const ForwardParams& p) {
   using S = Slice<T, kEpt>;
   using P = Pack<T>;
@@ -754,38 +862,40 @@ __device__ __forceinline__ void forward_staged(const ForwardParams& p) {
   constexpr int kSecondPassUnroll = second_pass_unroll<T, kEpt>();
   constexpr int kGate = 1;
   constexpr int kResidual = kGated ? 2 : 1;
-  __shared__ float scratch[64];
+  __shared__ __align__(16) float scratch[64];
   extern __shared__ float4 dynamic_smem[];
-  const int tpr = p.tpr;
-  const int groups = blockDim.x / tpr;
-  const int group = threadIdx.x / tpr;
-  const int lane = threadIdx.x - group * tpr;
+  const Shape<kTpr, Cfg::kForwardCtaThreads> shape(p.tpr);
+  const int tpr = shape.tpr;
+  const int groups = shape.groups;
+  const int group = shape.group;
+  const int lane = shape.lane;
   const int cols = p.cols;
-  const int stages = p.stages;
   const bool has_residual = p.residual != nullptr;
   using W = Weights<T, kAligned, kEpt, weight_source<T, kAligned, kEpt, kGated, Cfg, false>()>;
   char* smem = reinterpret_cast<char*>(dynamic_smem);
   const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane);
-  const Ring<T, kAligned, kEpt> ring{reinterpret_cast<uint4*>(smem + W::smem_bytes(tpr)),
-                                     kResidual + (has_residual ? 1 : 0), stages, groups, group, tpr, lane};
+  const Ring<T, kAligned, kEpt> ring(smem + W::smem_bytes(tpr), kResidual + (has_residual ? 1 : 0), p.stages,
+                                     shape);
   ring.zero_padding(cols);
+  GroupSum group_sum(tpr, group, scratch);
 
   T* y = static_cast<T*>(p.y);
   T* residual_out = static_cast<T*>(p.residual_out);
   const float inv_cols = 1.0f / static_cast<float>(cols);
+  // The CTA's rows: first + k * stride + group (grid-stride, k = 0, 1, ...).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * groups;
-  const ForwardFill<T, kAligned, kEpt, kGated, Cfg::kL2Prefetch> fill{ring, p, first, stride, groups};
-  Pipeline<kAligned> pipe{first < p.rows ? (p.rows - first + stride - 1) / stride : 0, stages};
+  using Fill = StepFill<T, kAligned, kEpt, kGated, kGated ? 3 : 2, false, Cfg::kL2Prefetch, ForwardParams>;
+  Fill fill{ring, p, StepRows(first, stride, p.rows, cols), cols, groups, group, group * cols + lane * kVec};
+  StepRows rows(first, stride, p.rows, cols);
+  const int row_offset = group * cols;  // the thread's row in a step, from the step's first
+  Pipeline<kAligned> pipe{first < p.rows ? (p.rows - first + stride - 1) / stride : 0, p.stages};
   pipe.begin(fill);
-  int parity = 0;
-  for (int64_t step = 0; step < pipe.steps; ++step) {
+  for (int64_t step = 0; step < pipe.steps; ++step, rows.advance()) {
     pipe.before(step, fill);
     const int slot = pipe.slot;
-    const int64_t row = first + step * stride + group;
-    const bool row_ok = row < p.rows;
-    const int64_t offset = row_ok ? row * cols : 0;
-    T* residual_row = row_pointer(residual_out, offset);
+    const int64_t row = rows.row0 + group;
+    const bool row_ok = rows.has(group);
     float ssq = 0.0f;
 #pragma unroll
     for (int c = 0; c < kVpt; ++c) {
@@ -800,7 +910,7 @@ __device__ __forceinline__ void forward_staged(const ForwardParams& p) {
           for (int v = 0; v < kVec; ++v) sum[v] = s.get(v) + r.get(v);
           s.set(sum);
           ring.put(slot, 0, c, s);  // the second pass normalises the rounded sum
-          store_pack<T, kAligned>(residual_row + col, s, cols - col);
+          store_pack<T, kAligned>(row_pointer(residual_out, rows.offset, row_offset) + col, s, cols - col);
         }
       }
 #pragma unroll
@@ -809,12 +919,11 @@ __device__ __forceinline__ void forward_staged(const ForwardParams& p) {
         ssq = fmaf(f, f, ssq);
       }
     }
-    ssq = group_sum(ssq, tpr, scratch, parity);
-    parity ^= 1;
+    ssq = group_sum(ssq);
     const float rstd = rsqrtf(ssq * inv_cols + p.eps);
     if (row_ok) {
       if (p.rstd != nullptr && lane == 0) p.rstd[row] = rstd;
-      T* y_row = row_pointer(y, offset);
+      T* y_row = row_pointer(y, rows.offset, row_offset);
 #pragma unroll(kSecondPassUnroll)
       for (int c = 0; c < kVpt; ++c) {
         const int col = S::column(c, tpr, lane);
@@ -842,12 +951,12 @@ __device__ __forceinline__ void forward_staged(const ForwardParams& p) {
   }
 }
 
-template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+template <typename T, bool kAligned, int kEpt, int kTpr, bool kGated, class Cfg>
 __device__ __forceinline__ void forward(const ForwardParams& p) {
   if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, false>()) {
-    forward_registers<T, kEpt, kGated, Cfg>(p);
+    forward_registers<T, kEpt, kTpr, kGated, Cfg>(p);
   } else {
-    forward_staged<T, kAligned, kEpt, kGated, Cfg>(p);
+    forward_staged<T, kAligned, kEpt, kTpr, kGated, Cfg>(p);
   }
 }
 
@@ -963,11 +1072,11 @@ struct BackwardRow {
   T* dgate;
   const T* dsum;
 
-  __device__ __forceinline__ BackwardRow(const BackwardParams& p, int64_t offset)
-      : dx(row_pointer(static_cast<T*>(p.dx), offset)),
-        dresidual(row_pointer(static_cast<T*>(p.dresidual), offset)),
-        dgate(row_pointer(static_cast<T*>(p.dgate), offset)),
-        dsum(row_pointer(static_cast<const T*>(p.dsum), offset)) {}
+  __device__ __forceinline__ BackwardRow(const BackwardParams& p, int64_t offset, int thread_offset = 0)
+      : dx(row_pointer(static_cast<T*>(p.dx), offset, thread_offset)),
+        dresidual(row_pointer(static_cast<T*>(p.dresidual), offset, thread_offset)),
+        dgate(row_pointer(static_cast<T*>(p.dgate), offset, thread_offset)),
+        dsum(row_pointer(static_cast<const T*>(p.dsum), offset, thread_offset)) {}
 };
 
 // dx (and dg) of one pack of a row, and their stores at column `col` of `out`; `valid` is the
@@ -1006,19 +1115,20 @@ __device__ __forceinline__ void backward_outputs(const BackwardRow<T>& out, cons
 
 // Registers path. Dynamic shared memory: the staged weights (tpr * kEpt floats), then, when the
 // CTA has several row groups, their weight-gradient partials (blockDim.x * kEpt floats).
-template <typename T, int kEpt, bool kGated, class Cfg>
+template <typename T, int kEpt, int kTpr, bool kGated, class Cfg>
 __device__ __forceinline__ void backward_registers(const BackwardParams& p) {
   using S = Slice<T, kEpt>;
   using P = Pack<T>;
   constexpr int kVec = S::kVec;
   constexpr int kVpt = S::kVpt;
   constexpr int kL2 = Cfg::kL2Prefetch;
-  __shared__ float scratch[64];
+  __shared__ __align__(16) float scratch[64];
   extern __shared__ float4 dynamic_smem[];
-  const int tpr = p.tpr;
-  const int groups = blockDim.x / tpr;
-  const int group = threadIdx.x / tpr;
-  const int lane = threadIdx.x - group * tpr;
+  const Shape<kTpr, Cfg::kBackwardCtaThreads> shape(p.tpr);
+  const int tpr = shape.tpr;
+  const int groups = shape.groups;
+  const int group = shape.group;
+  const int lane = shape.lane;
   const int cols = p.cols;
   float* wsm = reinterpret_cast<float*>(dynamic_smem);
   using W = Weights<T, true, kEpt, WeightSource::kShared>;
@@ -1031,7 +1141,7 @@ __device__ __forceinline__ void backward_registers(const BackwardParams& p) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
-  int parity = 0;
+  GroupSum group_sum(tpr, group, scratch);
   P s[kVpt], dy[kVpt], g[kVpt];
   P s_next[kVpt], dy_next[kVpt], g_next[kVpt];
   const int64_t first = begin + group;
@@ -1056,8 +1166,7 @@ __device__ __forceinline__ void backward_registers(const BackwardParams& p) {
       weights.at(c, col, w);
       backward_sums<T, kGated>(s[c], dy[c], g[c], w, rstd, dw.at(c, col), dot);
     }
-    dot = group_sum(dot, tpr, scratch, parity);
-    parity ^= 1;
+    dot = group_sum(dot);
     const float mean_dot = dot * inv_cols;
     if (row_ok) {
       const BackwardRow<T> out(p, offset);
@@ -1084,9 +1193,9 @@ __device__ __forceinline__ void backward_registers(const BackwardParams& p) {
 }
 
 // Staged path. Dynamic shared memory: the weights (if staged), the ring (tensors s, dy, then
-// g), a ring of rstd values (stages * blockDim.x floats), then the weight-gradient sums if they
+// g), a ring of rstd values (stages * threads floats), then the weight-gradient sums if they
 // are kept there (dw_in_shared); otherwise the row groups' partials reuse the ring at the end.
-template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+template <typename T, bool kAligned, int kEpt, int kTpr, bool kGated, class Cfg>
 __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   using S = Slice<T, kEpt>;
   using P = Pack<T>;
@@ -1096,40 +1205,45 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   constexpr int kTensors = kGated ? 3 : 2;
   constexpr int kDy = 1;
   constexpr int kGate = 2;
-  __shared__ float scratch[64];
+  __shared__ __align__(16) float scratch[64];
   extern __shared__ float4 dynamic_smem[];
-  const int tpr = p.tpr;
-  const int groups = blockDim.x / tpr;
-  const int group = threadIdx.x / tpr;
-  const int lane = threadIdx.x - group * tpr;
+  const Shape<kTpr, Cfg::kBackwardCtaThreads> shape(p.tpr);
+  const int tpr = shape.tpr;
+  const int groups = shape.groups;
+  const int group = shape.group;
+  const int lane = shape.lane;
   const int cols = p.cols;
   const int stages = p.stages;
   using W = Weights<T, kAligned, kEpt, weight_source<T, kAligned, kEpt, kGated, Cfg, true>()>;
   char* smem = reinterpret_cast<char*>(dynamic_smem);
   const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane);
-  const Ring<T, kAligned, kEpt> ring{reinterpret_cast<uint4*>(smem + W::smem_bytes(tpr)), kTensors, stages,
-                                     groups, group, tpr, lane};
+  const Ring<T, kAligned, kEpt> ring(smem + W::smem_bytes(tpr), kTensors, stages, shape);
   ring.zero_padding(cols);
-  float* rstd_ring = reinterpret_cast<float*>(ring.end());
+  GroupSum group_sum(tpr, group, scratch);
+  // The rstd ring (one float a thread a slot) follows the ring.
+  const unsigned rstd_ring = ring.end() + 4 * threadIdx.x;
   // Shared-memory weight-gradient sums (if so) follow the rstd ring.
   using DW = WeightGrad<T, kEpt, dw_in_shared<T, kEpt, kGated>()>;
-  DW dw(dw_in_shared<T, kEpt, kGated>() ? rstd_ring + stages * blockDim.x : nullptr, tpr, group, lane);
+  const int rstd_slot = 4 * shape.threads;  // bytes
+  float* dw_sums = reinterpret_cast<float*>(smem + W::smem_bytes(tpr) + (ring.end() - ring.base()) +
+                                            stages * rstd_slot);
+  DW dw(dw_in_shared<T, kEpt, kGated>() ? dw_sums : nullptr, tpr, group, lane);
 
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
-  using Fill = BackwardFill<T, kAligned, kEpt, kGated, Cfg::kL2Prefetch>;
-  const Fill fill{ring, p, rstd_ring, begin, end, groups, group};
+  // The CTA's rows: begin + k * groups + group, below end.
+  using Fill = StepFill<T, kAligned, kEpt, kGated, kTensors, true, Cfg::kL2Prefetch, BackwardParams>;
+  Fill fill{ring, p, StepRows(begin, groups, end, cols), cols, groups, group, group * cols + lane * kVec,
+            rstd_ring, rstd_slot};
+  StepRows rows(begin, groups, end, cols);
   Pipeline<kAligned> pipe{end > begin ? (end - begin + groups - 1) / groups : 0, stages};
   pipe.begin(fill);
-  int parity = 0;
-  for (int64_t step = 0; step < pipe.steps; ++step) {
+  for (int64_t step = 0; step < pipe.steps; ++step, rows.advance()) {
     pipe.before(step, fill);
     const int slot = pipe.slot;
-    const int64_t row = begin + step * groups + group;
-    const bool row_ok = row < end;
-    const int64_t offset = row * cols;
-    const float rstd = row_ok ? rstd_ring[slot * blockDim.x + threadIdx.x] : 0.0f;
+    const bool row_ok = rows.has(group);
+    const float rstd = row_ok ? *shared_pointer<const float>(rstd_ring + slot * rstd_slot) : 0.0f;
     float dot = 0.0f;
 #pragma unroll
     for (int c = 0; c < kVpt; ++c) {
@@ -1142,11 +1256,10 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
       weights.at(c, col, w);
       backward_sums<T, kGated>(s, dy, g, w, rstd, dw.at(c, col), dot);
     }
-    dot = group_sum(dot, tpr, scratch, parity);
-    parity ^= 1;
+    dot = group_sum(dot);
     const float mean_dot = dot * inv_cols;
     if (row_ok) {
-      const BackwardRow<T> out(p, offset);
+      const BackwardRow<T> out(p, rows.offset, group * cols);
 #pragma unroll(kSecondPassUnroll)
       for (int c = 0; c < kVpt; ++c) {
         const int col = S::column(c, tpr, lane);
@@ -1166,15 +1279,15 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   // thread must be done reading its slots.
   cp_async_wait<0>();
   __syncthreads();
-  dw.write(p, reinterpret_cast<float*>(ring.base), tpr, groups, lane);
+  dw.write(p, reinterpret_cast<float*>(smem + W::smem_bytes(tpr)), tpr, groups, lane);
 }
 
-template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg>
+template <typename T, bool kAligned, int kEpt, int kTpr, bool kGated, class Cfg>
 __device__ __forceinline__ void backward(const BackwardParams& p) {
   if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, true>()) {
-    backward_registers<T, kEpt, kGated, Cfg>(p);
+    backward_registers<T, kEpt, kTpr, kGated, Cfg>(p);
   } else {
-    backward_staged<T, kAligned, kEpt, kGated, Cfg>(p);
+    backward_staged<T, kAligned, kEpt, kTpr, kGated, Cfg>(p);
   }
 }
 
@@ -1235,17 +1348,6 @@ inline int elems_per_thread(int cols) {
   return kMaxEpt;
 }
 
-// Calls f(std::integral_constant<int, ept>) for the instance serving `cols`.
-template <class Cfg, typename F>
-inline cudaError_t with_instance(int cols, F&& f) {
-  const int ept = elems_per_thread<Cfg>(cols);
-  if constexpr (Cfg::kMinEpt <= 8) {
-    if (ept == 8) return f(std::integral_constant<int, 8>{});
-  }
-  if (ept == 16) return f(std::integral_constant<int, 16>{});
-  return f(std::integral_constant<int, kMaxEpt>{});
-}
-
 // Threads per row group: a power of two up to 32, else a multiple of 32.
 inline int threads_per_row(int cols, int ept) {
   const int need = (cols + ept - 1) / ept;
@@ -1255,11 +1357,47 @@ inline int threads_per_row(int cols, int ept) {
   return tpr;
 }
 
+// A kernel instance: kEpt elements a thread, and row groups of kTpr threads fixed at compile
+// time (see Shape), or 0: any width, read at run time.
+template <int kEpt, int kTpr>
+struct Instance {
+  static constexpr int ept = kEpt;
+  static constexpr int tpr = kTpr;
+};
+
+// Calls f(Instance<ept, tpr>{}) for the instance serving `cols`. The aligned route has
+// fixed-width instances for the power-of-two row groups of 64 to 512 threads (D = 1024 .. 8192
+// at 16 elements a thread; D = 16384 at 32); any other width runs the run-time one.
+template <class Cfg, bool kAligned, typename F>
+inline cudaError_t with_instance(int cols, F&& f) {
+  const int ept = elems_per_thread<Cfg>(cols);
+  const int tpr = threads_per_row(cols, ept);
+  const auto by_width = [&](auto width_of_ept) -> cudaError_t {
+    constexpr int kEpt = decltype(width_of_ept)::value;
+    if constexpr (kAligned && kEpt < kMaxEpt) {
+      switch (tpr) {
+        case 64: return f(Instance<kEpt, 64>{});
+        case 128: return f(Instance<kEpt, 128>{});
+        case 256: return f(Instance<kEpt, 256>{});
+        case 512: return f(Instance<kEpt, 512>{});
+        default: break;
+      }
+    } else if constexpr (kAligned) {
+      if (tpr == kMaxCtaThreads) return f(Instance<kEpt, kMaxCtaThreads>{});
+    }
+    return f(Instance<kEpt, 0>{});
+  };
+  if constexpr (Cfg::kMinEpt <= 8) {
+    if (ept == 8) return by_width(std::integral_constant<int, 8>{});
+  }
+  if (ept == 16) return by_width(std::integral_constant<int, 16>{});
+  return by_width(std::integral_constant<int, kMaxEpt>{});
+}
+
 // Row groups a CTA of the direction holds (kBackward: the backward's CTA size).
 template <class Cfg, bool kBackward>
 inline int row_groups_per_cta(int tpr) {
-  constexpr int kThreads = kBackward ? Cfg::kBackwardCtaThreads : Cfg::kForwardCtaThreads;
-  return tpr >= kThreads ? 1 : kThreads / tpr;
+  return row_groups<kBackward ? Cfg::kBackwardCtaThreads : Cfg::kForwardCtaThreads>(tpr);
 }
 
 // Ring slots for a ring of `slot_bytes` a slot next to `fixed_bytes` of weights and sums (see
@@ -1301,9 +1439,10 @@ constexpr int kStaticSmem = 1024;
 
 // Forward of one instance: grid-stride over rows, with one wave of CTAs or CTAs of about
 // Cfg::kForwardCtaRows rows (rows are independent, so the grid changes no result).
-template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, typename Kernel>
-cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) {
+template <typename T, bool kAligned, int kEpt, int kTpr, bool kGated, class Cfg, auto kKernel>
+cudaError_t launch_forward(ForwardParams p, cudaStream_t stream) {
   p.tpr = threads_per_row(p.cols, kEpt);
+  if (kTpr != 0 && p.tpr != kTpr) return cudaErrorInvalidConfiguration;  // with_instance's choice
   const int groups = row_groups_per_cta<Cfg, false>(p.tpr);
   const int threads = p.tpr * groups;
   size_t smem = 0;
@@ -1319,8 +1458,8 @@ cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) 
     p.stages = ring_stages(Cfg::kForwardStages, slot, weights, async_copies<T, kAligned>());
     smem = weights + p.stages * slot;
   }
-  static SmemLimits limits;  // one per kernel: this function is instantiated per kernel
-  cudaError_t status = allow_smem(kernel, static_cast<int>(smem), kStaticSmem, limits);
+  static SmemLimits limits;  // one per kernel: kKernel is a template argument
+  cudaError_t status = allow_smem(kKernel, static_cast<int>(smem), kStaticSmem, limits);
   if (status != cudaSuccess) return status;
   const int64_t needed = (p.rows + groups - 1) / groups;
   int64_t grid = 0;
@@ -1333,19 +1472,22 @@ cudaError_t launch_forward(Kernel kernel, ForwardParams p, cudaStream_t stream) 
     int device = 0, sms = 0, per_sm = 0;
     status = cudaGetDevice(&device);
     if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (status == cudaSuccess) status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+    if (status == cudaSuccess) {
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem);
+    }
     if (status != cudaSuccess) return status;
     const int64_t wave = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
     grid = needed < wave ? needed : wave;
   }
-  kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(p);
+  kKernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 // Backward of one instance: one CTA per band of rows (the grid is fixed by the row count).
-template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, typename Kernel>
-cudaError_t launch_backward(Kernel kernel, BackwardParams p, int64_t ctas, cudaStream_t stream) {
+template <typename T, bool kAligned, int kEpt, int kTpr, bool kGated, class Cfg, auto kKernel>
+cudaError_t launch_backward(BackwardParams p, int64_t ctas, cudaStream_t stream) {
   p.tpr = threads_per_row(p.cols, kEpt);
+  if (kTpr != 0 && p.tpr != kTpr) return cudaErrorInvalidConfiguration;  // with_instance's choice
   const int groups = row_groups_per_cta<Cfg, true>(p.tpr);
   const int threads = p.tpr * groups;
   size_t smem = 0;
@@ -1366,10 +1508,10 @@ cudaError_t launch_backward(Kernel kernel, BackwardParams p, int64_t ctas, cudaS
     p.stages = ring_stages(Cfg::kBackwardStages, slot, weights + sums, async_copies<T, kAligned>());
     smem = weights + p.stages * slot + sums;
   }
-  static SmemLimits limits;  // one per kernel: this function is instantiated per kernel
-  const cudaError_t status = allow_smem(kernel, static_cast<int>(smem), kStaticSmem, limits);
+  static SmemLimits limits;  // one per kernel: kKernel is a template argument
+  const cudaError_t status = allow_smem(kKernel, static_cast<int>(smem), kStaticSmem, limits);
   if (status != cudaSuccess) return status;
-  kernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(p);
+  kKernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -79,16 +79,16 @@ constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BAC
 
 }  // namespace
 
-template <int kEpt>
+template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
 kernel_cake_library_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
-  cake::rmsnorm::forward<Elem, kAligned, kEpt, kGated, Config>(p);
+  cake::rmsnorm::forward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
-template <int kEpt>
+template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
 kernel_cake_library_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
-  cake::rmsnorm::backward<Elem, kAligned, kEpt, kGated, Config>(p);
+  cake::rmsnorm::backward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
@@ -97,19 +97,19 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 }
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
-    constexpr int kEpt = decltype(ept)::value;
-    return cake::rmsnorm::launch_forward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_library_forward<kEpt>, p, stream);
+  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+    using I = decltype(instance);
+    return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
+                                         kernel_cake_library_forward<I::ept, I::tpr>>(p, stream);
   });
 }
 
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
-    constexpr int kEpt = decltype(ept)::value;
-    return cake::rmsnorm::launch_backward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_library_backward<kEpt>, p, ctas, stream);
+  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+    using I = decltype(instance);
+    return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
+                                          kernel_cake_library_backward<I::ept, I::tpr>>(p, ctas, stream);
   });
 }
 

@@ -21,8 +21,8 @@
 #include "cake/rmsnorm_common.cuh"
 
 // cake:params
-#define CAKE_DTYPE 0
-#define CAKE_VECTOR 0
+#define CAKE_DTYPE 1
+#define CAKE_VECTOR 1
 #define CAKE_GATED 1
 #define CAKE_FORWARD_STAGES 2
 #define CAKE_BACKWARD_STAGES 3
@@ -36,7 +36,7 @@
 #define CAKE_FORWARD_CTA_ROWS 16
 #define CAKE_BACKWARD_BANDS 1024
 #define CAKE_FORWARD_MIN_BLOCKS 0
-#define CAKE_BACKWARD_MIN_BLOCKS 1
+#define CAKE_BACKWARD_MIN_BLOCKS 0
 // cake:end-params
 
 namespace {
@@ -80,44 +80,44 @@ constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BAC
 
 }  // namespace
 
-template <int kEpt>
+template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
-kernel_cake_gated_rmsnorm_det_train_a279a224b27388450ba6_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
-  cake::rmsnorm::forward<Elem, kAligned, kEpt, kGated, Config>(p);
+kernel_cake_gated_rmsnorm_det_train_853fc35e402377773913_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+  cake::rmsnorm::forward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
-template <int kEpt>
+template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
-kernel_cake_gated_rmsnorm_det_train_a279a224b27388450ba6_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
-  cake::rmsnorm::backward<Elem, kAligned, kEpt, kGated, Config>(p);
+kernel_cake_gated_rmsnorm_det_train_853fc35e402377773913_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+  cake::rmsnorm::backward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_gated_rmsnorm_det_train_a279a224b27388450ba6_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_gated_rmsnorm_det_train_853fc35e402377773913_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_a279a224b27388450ba6_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
-    constexpr int kEpt = decltype(ept)::value;
-    return cake::rmsnorm::launch_forward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_gated_rmsnorm_det_train_a279a224b27388450ba6_forward<kEpt>, p, stream);
+cudaError_t cake_gated_rmsnorm_det_train_853fc35e402377773913_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+    using I = decltype(instance);
+    return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
+                                         kernel_cake_gated_rmsnorm_det_train_853fc35e402377773913_forward<I::ept, I::tpr>>(p, stream);
   });
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_a279a224b27388450ba6_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_gated_rmsnorm_det_train_853fc35e402377773913_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
-    constexpr int kEpt = decltype(ept)::value;
-    return cake::rmsnorm::launch_backward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_gated_rmsnorm_det_train_a279a224b27388450ba6_backward<kEpt>, p, ctas, stream);
+  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+    using I = decltype(instance);
+    return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
+                                          kernel_cake_gated_rmsnorm_det_train_853fc35e402377773913_backward<I::ept, I::tpr>>(p, ctas, stream);
   });
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_a279a224b27388450ba6_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_gated_rmsnorm_det_train_a279a224b27388450ba6_dweight, p, stream);
+cudaError_t cake_gated_rmsnorm_det_train_853fc35e402377773913_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_gated_rmsnorm_det_train_853fc35e402377773913_dweight, p, stream);
 }
 
-int64_t cake_gated_rmsnorm_det_train_a279a224b27388450ba6_backward_rows_per_cta(int64_t rows) {
+int64_t cake_gated_rmsnorm_det_train_853fc35e402377773913_backward_rows_per_cta(int64_t rows) {
   return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }

@@ -21,8 +21,8 @@
 #include "cake/rmsnorm_common.cuh"
 
 // cake:params
-#define CAKE_DTYPE 1
-#define CAKE_VECTOR 1
+#define CAKE_DTYPE 2
+#define CAKE_VECTOR 0
 #define CAKE_GATED 0
 #define CAKE_FORWARD_STAGES 2
 #define CAKE_BACKWARD_STAGES 2
@@ -36,7 +36,7 @@
 #define CAKE_FORWARD_CTA_ROWS 16
 #define CAKE_BACKWARD_BANDS 1024
 #define CAKE_FORWARD_MIN_BLOCKS 0
-#define CAKE_BACKWARD_MIN_BLOCKS 2
+#define CAKE_BACKWARD_MIN_BLOCKS 1
 // cake:end-params
 
 namespace {
@@ -80,44 +80,44 @@ constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BAC
 
 }  // namespace
 
-template <int kEpt>
+template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
-  cake::rmsnorm::forward<Elem, kAligned, kEpt, kGated, Config>(p);
+kernel_cake_rmsnorm_det_train_071adf995f11cb35511b_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+  cake::rmsnorm::forward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
-template <int kEpt>
+template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
-  cake::rmsnorm::backward<Elem, kAligned, kEpt, kGated, Config>(p);
+kernel_cake_rmsnorm_det_train_071adf995f11cb35511b_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+  cake::rmsnorm::backward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_rmsnorm_det_train_071adf995f11cb35511b_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
-    constexpr int kEpt = decltype(ept)::value;
-    return cake::rmsnorm::launch_forward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_forward<kEpt>, p, stream);
+cudaError_t cake_rmsnorm_det_train_071adf995f11cb35511b_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+    using I = decltype(instance);
+    return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
+                                         kernel_cake_rmsnorm_det_train_071adf995f11cb35511b_forward<I::ept, I::tpr>>(p, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_rmsnorm_det_train_071adf995f11cb35511b_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config>(p.cols, [&](auto ept) {
-    constexpr int kEpt = decltype(ept)::value;
-    return cake::rmsnorm::launch_backward<Elem, kAligned, kEpt, kGated, Config>(
-        kernel_cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_backward<kEpt>, p, ctas, stream);
+  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+    using I = decltype(instance);
+    return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
+                                          kernel_cake_rmsnorm_det_train_071adf995f11cb35511b_backward<I::ept, I::tpr>>(p, ctas, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_dweight, p, stream);
+cudaError_t cake_rmsnorm_det_train_071adf995f11cb35511b_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_071adf995f11cb35511b_dweight, p, stream);
 }
 
-int64_t cake_rmsnorm_det_train_1c7d10e077d9eb4c2017_backward_rows_per_cta(int64_t rows) {
+int64_t cake_rmsnorm_det_train_071adf995f11cb35511b_backward_rows_per_cta(int64_t rows) {
   return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }
