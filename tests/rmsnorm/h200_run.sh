@@ -7,7 +7,8 @@
 # DRAM throughput of the first launch of each forward and backward kernel of the tune's table
 # programs at NCU_SHAPES (ncu --clock-control none). baseline: the tune's table and the ncu step
 # again in another checkout (BASELINE, e.g. `git archive <rev> | tar -x -C .baseline`), for an
-# A/B of the kernel code itself in one call. Step time limits come from TESTS_TIMEOUT,
+# A/B of the kernel code itself in one call. digest: SHA-256 of every output over a grid of cases
+# (tests/rmsnorm/output_digest.py), diffed against BASELINE's when set. Step time limits come from TESTS_TIMEOUT,
 # SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT, NCU_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the
 # samples per figure, TUNE_VARIANTS a comma-separated subset of the sweep.
 set -o pipefail
@@ -19,6 +20,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site
+# What nvidia-cutlass-dsl's .pth adds (pip --target skips .pth files); quack imports cutlass from it.
+[[ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ]] && PYTHONPATH+=:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 # (PRECOMPILE=0: the steps compile what they use; the baseline step's ncu needs no family program.)
 if [[ ${PRECOMPILE:-1} == 1 ]]; then python3 tools/bench/rmsnorm.py --precompile 2>&1 | tail -3 || exit 1; fi
@@ -46,6 +49,13 @@ for step in $steps; do
          --iters ${TUNE_ITERS:-15} --variants table --json "$OUT/tune_baseline.json" > "$OUT/tune_baseline.log" 2>&1)
       echo "baseline tune: rc=$?"; tail -60 "$OUT/tune_baseline.log"
       (cd "$BASELINE" && OUT=$OUT/baseline PRECOMPILE=0 bash "$OLDPWD/tests/rmsnorm/h200_run.sh" ncu) ;;
+    digest) timeout ${DIGEST_TIMEOUT:-120} python3 tests/rmsnorm/output_digest.py > "$OUT/digest.txt"; echo "digest: rc=$? $(wc -l < "$OUT/digest.txt") cases"
+      if [[ -d ${BASELINE:-} ]]; then
+        cp tests/rmsnorm/output_digest.py "$BASELINE/tests/rmsnorm/"
+        (cd "$BASELINE" && export PYTHONPATH=$PWD && python3 tools/bench/rmsnorm.py --precompile | tail -1 &&
+         timeout ${DIGEST_TIMEOUT:-120} python3 tests/rmsnorm/output_digest.py > "$OUT/digest_baseline.txt")
+        echo "digest baseline: rc=$?"; diff "$OUT/digest_baseline.txt" "$OUT/digest.txt" && echo "digest: identical to the baseline"
+      fi ;;
     ncu) timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name-base demangled --kernel-id "::regex:_(forward|backward)<:1" \
             --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
             python3 tools/bench/rmsnorm.py --tune --variants table --iters 1 --shapes ${NCU_SHAPES:-65536:2048,65536:8192} \

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""SHA-256 of every output of both RMSNorm families over a grid of cases, one line a case.
+
+    python tests/rmsnorm/output_digest.py > digest.txt
+
+Run in two checkouts (e.g. main in ``.baseline``) and ``diff`` the files: a kernel change that
+claims to keep the math must leave every line identical. The grid: both families; bf16, fp16,
+fp32; every D band and fixed-width instance of the GPU tests; plain and residual/offset/fp32
+weight options; 67 rows (19 above D = 8192) and 4097 rows (several backward bands).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from rmsnorm_families import FAMILIES  # noqa: E402
+
+DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 3840, 4096, 4104, 5120, 7744, 8192,
+        8199, 8200, 16384]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def case_digest(family, rows, cols, dtype, options: bool, seed: int) -> str:
+    gen = torch.Generator(device="cuda").manual_seed(seed)  # the same inputs on one GPU model and torch
+    shape = (rows, cols)
+
+    def randn():
+        return torch.randn(shape, generator=gen, device="cuda").to(dtype)
+
+    x, g, dy = randn(), randn(), randn()
+    w = (torch.rand(cols, generator=gen, device="cuda") + 0.5).to(
+        torch.float32 if options else dtype)
+    r = randn() if options else None
+    offset = 1.0 if options else 0.0
+    y, s, rstd = family.forward(x, g, w, r, weight_offset=offset)
+    dsum = randn() if options else None
+    grads = family.backward(dy, s if options else x, g, w, rstd, dsum=dsum, has_residual=options,
+                            weight_offset=offset, grad_dtype=torch.float32)
+    digest = hashlib.sha256()
+    for tensor in (y, s, rstd, *grads):
+        if tensor is not None:
+            digest.update(tensor.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def main() -> int:
+    seed = 0
+    for family in FAMILIES:
+        for dtype in DTYPES:
+            for cols in DIMS:
+                for rows in (67 if cols <= 8192 else 19, 4097):
+                    for options in (False, True):
+                        seed += 1
+                        name = f"{family.name} {str(dtype)[6:]} {rows}x{cols} options={options}"
+                        print(name, case_digest(family, rows, cols, dtype, options, seed),
+                              flush=True)
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
