@@ -25,7 +25,7 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 
 # Pipeline and launch shape of every program (meanings in the kernel template and
 # csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row, weights in
-# shared memory. Forward: 256-thread CTAs, rows through a 2-slot shared-memory ring, no register
+# shared memory. Forward: 512-thread CTAs, rows through a 2-slot shared-memory ring, no register
 # bound, CTAs of about 16 rows (many waves: the block scheduler evens out the SMs). Backward:
 # 256-thread CTAs, a 2-slot ring and 64 registers a
 # thread, so that 4 CTAs of 256 threads (2 of 512) share an SM and the 1024 backward bands run
@@ -36,20 +36,19 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # 81-93% for one persistent wave) and its ring depth (-forward-ring-sweep.json: the 2-slot ring
 # with 16-row CTAs 83-93% against 84-91% for the next row in registers with 8-row CTAs); the
 # night's CTA-size sweeps (-forward-cta-sweep.json, -forward-cta-confirm.json): 512-thread
-# forward CTAs gain 2-4 points for the gated forward and 0-2 for RMSNorm's at D = 2048-4096 but
-# cost RMSNorm's forward 4-6 at D = 1024 (two row steps a CTA), so only the gated family takes
-# them (below); the backward stays at 256 (0-3 points lower with 512).
+# forward CTAs gain 2-4 points for the gated forward and 0-2 for RMSNorm's at D = 2048-4096; with
+# the fixed-width row loops of 2026-12-01 (-rmsnorm-fixed-width-sweep.json) they gain RMSNorm's
+# forward 2-4 points at every shape but 65536 x 8192 and 262144 x 8192 (level), D = 1024
+# included (it lost 4-6 there before); the backward stays at 256 (0-3 points lower with 512).
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
-          "CAKE_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 256,
+          "CAKE_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
           "CAKE_BACKWARD_BANDS": 1024, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_MIN_BLOCKS": 2}
 # The gated backward, whose ring slot holds three tensors, keeps a 3-slot ring without the
 # register bound (80-85% against 74-81%; its rows in registers measured 81-86% but spill 16
-# bytes at the 128 registers a 512-thread row allows). The gated forward runs 512-thread CTAs:
-# 89-100% of copy at the 8 shapes against 89-98% with 256 (-forward-cta-confirm.json).
-GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
-                "CAKE_FORWARD_CTA_THREADS": 512}
+# bytes at the 128 registers a 512-thread row allows).
+GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
 # spills at 64).
