@@ -34,10 +34,12 @@ F.silu(g)``, eager and compiled), FLA fla-core 0.6.0 ``fla.modules.norm.layernor
 and ``fla.modules.norm.fused_norm_gate.rms_norm_gated`` (the function behind
 ``FusedRMSNormGated``), Liger ``LigerRMSNorm`` (liger-kernel 0.8.5, its defaults: casting
 mode ``llama``, in-place backward), and quack-kernels 0.6.5 ``quack.rmsnorm.rmsnorm`` (RMSNorm
-only; it has no gated form) when it imports. quack needs nvidia-cutlass-dsl 4.8.1 with its
-CUDA 13 libraries (92 MB as a wheel); on a machine that takes packages in smaller pieces,
-unpack them into a folder on PYTHONPATH together with ``nvidia_cutlass_dsl/dsl_packages``
-(what the package's .pth file would add). A peer that fails to import is reported and skipped.
+only; it has no gated form) when it imports. quack needs nvidia-cutlass-dsl 4.8.1 with
+``-libs-base``, ``-libs-core`` and its CUDA 13 libraries (``-libs-cu13``, 92 MB as a wheel),
+apache-tvm-ffi 0.1.15 (0.1.6 lacks an argument the DSL passes) and torch-c-dlpack-ext; installed
+with ``pip --target``, ``nvidia_cutlass_dsl/dsl_packages`` goes on PYTHONPATH too (what the
+package's .pth file would add; ``tests/rmsnorm/h200_run.sh`` does it). A peer that fails to
+import, or whose first call raises, is reported and skipped.
 """
 
 from __future__ import annotations
@@ -183,6 +185,29 @@ def check_agreement(outputs: dict) -> dict:
             if name != "cake"}
 
 
+def allocator_events(before: dict) -> str:
+    """What the caching allocator did since ``before`` (``torch.cuda.memory_stats()``):
+    cudaMalloc / cudaFree calls and retries after freeing the cache (a cudaFree waits for the
+    device, so an eager call that triggers one shows the wait in its timing)."""
+    import torch
+
+    after = torch.cuda.memory_stats()
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+    return ", ".join(f"{k} {after[k] - before[k]}" if k in after and k in before
+                     else f"{k} (not reported by this torch)" for k in keys)
+
+
+def drop_failing_peers(fns: dict, where: str) -> None:
+    """Removes (and reports) the peers whose first call raises, e.g. a peer whose JIT needs a
+    dependency version the machine lacks: the run goes on with the others."""
+    for name in [n for n in fns if n != "cake"]:
+        try:
+            fns[name]()
+        except Exception as exc:  # noqa: BLE001 (any peer failure: report and skip)
+            print(f"peer {name}: dropped at {where}: {type(exc).__name__}: {exc}", flush=True)
+            del fns[name]
+
+
 def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None):
     import torch
     import torch.nn.functional as F
@@ -206,10 +231,14 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
                 ("fwd", plain, (x, w), replays[:2]), ("gated fwd", gated, (x, g, w), replays[2:])):
             fwd_bytes = op_bytes(label, t, d)
             bwd_bytes = op_bytes(label.replace("fwd", "bwd"), t, d)
+            drop_failing_peers(fns, f"{label} {t}x{d}")
             with torch.no_grad():
                 agreement = check_agreement({n: f() for n, f in fns.items()})
+            before = torch.cuda.memory_stats()
             timings = bench.interleaved(dict({n: (lambda f=f: f()) for n, f in fns.items()},
                                              **{"cake graph": fwd_graph}), iters=iters, warmup=WARMUP)
+            print(f"T={t} D={d} {label}: allocator during the timing: " + allocator_events(before),
+                  flush=True)
             graphs = {n: f() for n, f in fns.items()}
             grads = {}
             for n, y in graphs.items():
@@ -220,7 +249,10 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
                     y, inputs, u, retain_graph=True, allow_unused=True))
             with torch.no_grad():
                 dx_agree = check_agreement({n: f()[0] for n, f in grads.items()})
+            before = torch.cuda.memory_stats()
             bwd = bench.interleaved(dict(grads, **{"cake graph": bwd_graph}), iters=iters, warmup=WARMUP)
+            print(f"T={t} D={d} {label.replace('fwd', 'bwd')}: allocator during the timing: "
+                  + allocator_events(before), flush=True)
             for phase, times, nbytes, agree in ((label, timings, fwd_bytes, agreement),
                                                 (label.replace("fwd", "bwd"), bwd, bwd_bytes,
                                                  dx_agree)):
