@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the RMSNorm families: JIT all programs, GPU tests, compute-sanitizer,
-# benchmark. On the GPU machine, from the repository root (fla-core and liger-kernel wheels in .whl/):
+# benchmark. On the GPU machine, from the repository root (peer wheels in .whl/: tools/bench/rmsnorm.py):
 #   bash tests/rmsnorm/h200_run.sh [tests|quick|sanitize|host|bench|small|tune ...]   (default: tests sanitize bench)
 # quick: the tests without the two slow ones (processes, torch.compile). tune: the knob sweep
 # (tools/bench/rmsnorm.py --tune; no peers needed). ncu: instructions, issue-slot use, warps and

@@ -20,15 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from rmsnorm_families import FAMILIES  # noqa: E402
-
-DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 3840, 4096, 4104, 5120, 7744, 8192,
-        8199, 8200, 16384]
-DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+from rmsnorm_families import DIMS, DTYPES, FAMILIES  # noqa: E402
 
 
 def case_digest(family, rows, cols, dtype, options: bool, seed: int) -> str:
-    gen = torch.Generator(device="cuda").manual_seed(seed)  # the same inputs on one GPU model and torch
+    # Inputs drawn on the GPU: the same for the same GPU model and torch version.
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     shape = (rows, cols)
 
     def randn():

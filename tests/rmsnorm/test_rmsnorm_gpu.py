@@ -28,18 +28,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rmsnorm_families import FAMILIES  # noqa: E402
+from rmsnorm_families import DIMS, DTYPES, FAMILIES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 RTOL = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -10, torch.float32: 0.0}
-# Every D band edge of the instances (8, 16 or 32 elements a thread; up to 256 or 512 threads a
-# row), unaligned ends (7, 127, 8199) and the widest rows; the fixed-width instances (row groups
-# of 64, 128, 256, 512 threads) full (1024 .. 8192, 16384) and with their last lanes idle (1000,
-# 1600, 3840, 7744: 63, 100, 240 and 484 threads of work at 16 elements a thread).
-DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 3840, 4096, 4104, 5120, 7744, 8192, 8199,
-        8200, 16384]
-DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 U = 2.0 ** -24
 
 
