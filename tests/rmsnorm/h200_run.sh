@@ -8,9 +8,12 @@
 # programs at NCU_SHAPES (ncu --clock-control none). baseline: the tune's table and the ncu step
 # again in another checkout (BASELINE, e.g. `git archive <rev> | tar -x -C .baseline`), for an
 # A/B of the kernel code itself in one call. digest: SHA-256 of every output over a grid of cases
-# (tests/rmsnorm/output_digest.py), diffed against BASELINE's when set. Step time limits come from TESTS_TIMEOUT,
+# (tests/rmsnorm/output_digest.py), diffed against BASELINE's when set. peers-ncu: ncu sections of
+# every kernel of cake's and NCU_PEERS' (default quack) RMSNorm forward and backward at
+# NCU_SHAPES (tools/bench/rmsnorm.py --once). Step time limits come from TESTS_TIMEOUT,
 # SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT, NCU_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the
-# samples per figure, TUNE_VARIANTS a comma-separated subset of the sweep.
+# samples per figure, TUNE_VARIANTS a comma-separated subset of the sweep; BENCH_PROFILE=1 adds
+# the bench's --profile (each call's device time and the idle time before it, from a trace).
 set -o pipefail
 export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -36,7 +39,7 @@ for step in $steps; do
         timeout ${SANITIZE_TIMEOUT:-75} compute-sanitizer --tool $tool --error-exitcode 1 python3 tests/rmsnorm/sanitize.py \
           > "$OUT/sanitize_$tool.log" 2>&1; echo "sanitizer $tool: rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
       done ;;
-    bench) timeout ${BENCH_TIMEOUT:-240} python3 tools/bench/rmsnorm.py --iters ${BENCH_ITERS:-20} --json "$OUT/bench.json" \
+    bench) timeout ${BENCH_TIMEOUT:-240} python3 tools/bench/rmsnorm.py --iters ${BENCH_ITERS:-20} ${BENCH_PROFILE:+--profile} --json "$OUT/bench.json" \
              2>&1 | tee "$OUT/bench.log" | tail -50 ;;
     host) timeout 60 python3 tools/bench/rmsnorm.py --host 2>&1 | tee "$OUT/host.log" | tail -12 ;;
     small) timeout ${BENCH_TIMEOUT:-100} python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
@@ -60,5 +63,10 @@ for step in $steps; do
             --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
             python3 tools/bench/rmsnorm.py --tune --variants table --iters 1 --shapes ${NCU_SHAPES:-65536:2048,65536:8192} \
             > "$OUT/ncu.txt" 2>&1; echo "ncu: rc=$?"; grep -E "^  [a-z_]+ kernel_|duration|inst_executed|issue_active|warps_active|dram__" "$OUT/ncu.txt" | head -80 ;;
+    peers-ncu) timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name-base demangled \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+            python3 tools/bench/rmsnorm.py --once ${NCU_PEERS:-quack} --shapes ${NCU_SHAPES:-65536:8192,262144:2048} \
+            > "$OUT/peers_ncu.txt" 2>&1; echo "peers-ncu: rc=$?"
+          grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Registers Per|Dynamic Shared|Achieved Occupancy|Theoretical Occupancy|Block Size|Grid Size|Warp Cycles Per Issued" "$OUT/peers_ncu.txt" | grep -v -E "distribution|elementwise_kernel|fill|randn" | head -150 ;;
   esac
 done

@@ -110,6 +110,79 @@ class Bench:
         return 2 * nbytes / (timing.median * 1e-3)
 
 
+    def device_breakdown(self, fns: Mapping[str, Callable[[], object]], *,
+                         rounds: int = 6) -> dict:
+        """Where each call's event-timed interval goes, from a torch.profiler trace of
+        ``rounds`` flushed calls of every fn (A B B A order): name -> {"device_us": its kernels',
+        copies' and memsets' summed durations, "idle_us": the time from the end of the device
+        work before it (the flush) to its first kernel, "kernels": device operations per call}
+        (medians). An event time well above ``device_us`` with a large ``idle_us`` is host time
+        the flush did not hide; one whose ``device_us`` itself is larger is slower device work."""
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        names = list(fns)
+        for name in names:
+            fns[name]()
+        self.torch.cuda.synchronize(self.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for round_index in range(rounds):
+                for name in (names if round_index % 2 == 0 else list(reversed(names))):
+                    def labelled(name=name):
+                        with record_function(f"{_CALL_TAG}{name}"):
+                            fns[name]()
+                    self.once(labelled)
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text())["traceEvents"]
+        return _breakdown(events, names)
+
+
+_CALL_TAG = "bench call: "
+_DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _breakdown(events: list, names: Sequence[str]) -> dict:
+    """``Bench.device_breakdown``'s figures from a Chrome trace: each device operation belongs
+    to the annotated call whose CPU range holds the runtime call that launched it (matched by
+    correlation id), on any thread (autograd's backward launches from its engine's thread;
+    the calls run one at a time); the first operation of a call's is compared with the end of
+    the device operation before it."""
+    calls = sorted((e for e in events if e.get("cat") == "user_annotation"
+                    and e.get("name", "").startswith(_CALL_TAG)), key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    device = sorted((e for e in events if e.get("cat") in _DEVICE_CATEGORIES), key=lambda e: e["ts"])
+
+    def owner(op):
+        launch = launches.get(op.get("args", {}).get("correlation"))
+        if launch is None:
+            return None
+        for index, call in enumerate(calls):
+            if call["ts"] <= launch["ts"] <= call["ts"] + call["dur"]:
+                return index
+        return None
+
+    per_call = {}
+    for position, op in enumerate(device):
+        index = owner(op)
+        if index is None:
+            continue
+        entry = per_call.setdefault(index, {"device_us": 0.0, "kernels": 0, "idle_us": None})
+        entry["device_us"] += op["dur"]
+        entry["kernels"] += 1
+        if entry["idle_us"] is None:
+            before = device[position - 1] if position else None
+            entry["idle_us"] = op["ts"] - (before["ts"] + before["dur"]) if before else 0.0
+    result = {}
+    for name in names:
+        mine = [per_call[i] for i, call in enumerate(calls)
+                if call["name"] == f"{_CALL_TAG}{name}" and i in per_call]
+        result[name] = {key: statistics.median(e[key] for e in mine) if mine else float("nan")
+                        for key in ("device_us", "idle_us", "kernels")}
+    return result
+
+
 def precompile(package_dirs: Sequence[Path], only: Callable | None = None,
                workers: int = 16) -> int:
     """JIT-compiles, ``workers`` at a time, the programs of the family packages in

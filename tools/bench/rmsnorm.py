@@ -3,10 +3,11 @@
 
 Usage (from the repository root, on a GPU machine; fla-core and liger-kernel wheels in .whl/)::
 
-    PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small]
+    PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small] [--profile]
     PYTHONPATH=. python tools/bench/rmsnorm.py --precompile   # JIT both families in parallel
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
     PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
+    PYTHONPATH=. python tools/bench/rmsnorm.py --once quack,fla --shapes 65536:8192   # for ncu
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; the peers of one shape interleaved A B B A; copy bandwidth of the same run as the
@@ -101,7 +102,8 @@ def _peers():
 
 
 def forwards(t: int, d: int, peers: dict, compiled: dict):
-    """(plain, gated) dicts name -> (inputs needing grad, fn returning the output)."""
+    """(inputs needing grad, plain, gated): dicts name -> fn returning the output, for cake,
+    torch and the peers of ``peers`` that imported (absent names are left out)."""
     import torch
     import torch.nn.functional as F
 
@@ -123,16 +125,16 @@ def forwards(t: int, d: int, peers: dict, compiled: dict):
         "torch": lambda: F.rms_norm(x, (d,), w, EPS) * F.silu(g),
         "torch.compile": lambda: compiled["gated"](x, g, w),
     }
-    if not isinstance(peers["fla"], str):
+    if not isinstance(peers.get("fla", ""), str):
         layernorm, fused = peers["fla"]
         plain["fla"] = lambda: layernorm.rms_norm(x, w, None, eps=EPS)
         gated["fla"] = lambda: fused.rms_norm_gated(x, g, w, None, activation="swish", eps=EPS)
-    if not isinstance(peers["liger"], str):
+    if not isinstance(peers.get("liger", ""), str):
         liger = peers["liger"](d, eps=EPS).to(device="cuda", dtype=torch.bfloat16)
         with torch.no_grad():
             liger.weight.copy_(w)
         plain["liger"] = lambda: liger(x)
-    if not isinstance(peers["quack"], str):
+    if not isinstance(peers.get("quack", ""), str):
         plain["quack"] = lambda: peers["quack"](x, w, eps=EPS)
     return (x, g, w), plain, gated
 
@@ -208,7 +210,10 @@ def drop_failing_peers(fns: dict, where: str) -> None:
             del fns[name]
 
 
-def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None):
+def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None, *,
+        profile: bool = False):
+    """The peer timings; with ``profile``, each op's calls are also traced
+    (``Bench.device_breakdown``): every row gets its device time and the idle time before it."""
     import torch
     import torch.nn.functional as F
 
@@ -235,8 +240,8 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
             with torch.no_grad():
                 agreement = check_agreement({n: f() for n, f in fns.items()})
             before = torch.cuda.memory_stats()
-            timings = bench.interleaved(dict({n: (lambda f=f: f()) for n, f in fns.items()},
-                                             **{"cake graph": fwd_graph}), iters=iters, warmup=WARMUP)
+            fwd_fns = dict({n: (lambda f=f: f()) for n, f in fns.items()}, **{"cake graph": fwd_graph})
+            timings = bench.interleaved(fwd_fns, iters=iters, warmup=WARMUP)
             print(f"T={t} D={d} {label}: allocator during the timing: " + allocator_events(before),
                   flush=True)
             graphs = {n: f() for n, f in fns.items()}
@@ -250,9 +255,12 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
             with torch.no_grad():
                 dx_agree = check_agreement({n: f()[0] for n, f in grads.items()})
             before = torch.cuda.memory_stats()
-            bwd = bench.interleaved(dict(grads, **{"cake graph": bwd_graph}), iters=iters, warmup=WARMUP)
+            bwd_fns = dict(grads, **{"cake graph": bwd_graph})
+            bwd = bench.interleaved(bwd_fns, iters=iters, warmup=WARMUP)
             print(f"T={t} D={d} {label.replace('fwd', 'bwd')}: allocator during the timing: "
                   + allocator_events(before), flush=True)
+            traced = {phase: bench.device_breakdown(calls) if profile else {}
+                      for phase, calls in ((label, fwd_fns), (label.replace("fwd", "bwd"), bwd_fns))}
             for phase, times, nbytes, agree in ((label, timings, fwd_bytes, agreement),
                                                 (label.replace("fwd", "bwd"), bwd, bwd_bytes,
                                                  dx_agree)):
@@ -263,6 +271,13 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
                         "TB/s": nbytes / (timing.median * 1e-3) / 1e12,
                         "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth),
                         "max rel diff vs cake": agree.get(name, 0.0)})
+                    if name in traced[phase]:
+                        rows[-1].update({"device us": traced[phase][name]["device_us"],
+                                         "idle us": traced[phase][name]["idle_us"]})
+                        print(f"T={t} D={d} {phase:9s} {name}: event {timing.median * 1e3:.1f} us, "
+                              f"device {traced[phase][name]['device_us']:.1f} us in "
+                              f"{traced[phase][name]['kernels']:.0f} ops, idle before "
+                              f"{traced[phase][name]['idle_us']:.1f} us", flush=True)
                 best_peer = min((tm.median for n, tm in times.items() if not n.startswith("cake")),
                                 default=None)
                 cake_ms, graph_ms = times["cake"].median, times["cake graph"].median
@@ -276,6 +291,28 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None)
         torch.cuda.empty_cache()
         on_shape(rows)
     return rows
+
+
+def call_once(shapes, only: set) -> None:
+    """Calls the RMSNorm forward and its autograd backward of cake and of each peer in ``only``
+    twice per shape (the first call compiles what it needs), untimed: for a profiler run over the
+    process (``ncu``, ``nsys``) that compares the kernels themselves."""
+    import torch
+
+    peers = {name: value for name, value in _peers().items() if name in only}
+    for name, value in peers.items():
+        if isinstance(value, str):
+            print(f"peer {name}: {value}", flush=True)
+    for t, d in shapes:
+        (x, _, w), plain, _ = forwards(t, d, peers, compiled={"rms": None, "gated": None})
+        dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
+        for name in ["cake", *sorted(n for n in plain if n in only)]:
+            for _ in range(2):
+                torch.autograd.grad(plain[name](), (x, w), dy, allow_unused=True)
+            torch.cuda.synchronize()
+            print(f"T={t} D={d}: {name} called", flush=True)
+        del x, w, dy, plain
+        torch.cuda.empty_cache()
 
 
 def eager_gap(shapes, iters: int, bench) -> list:
@@ -341,7 +378,7 @@ def host_overhead(calls: int = 300) -> list:
         "torch fwd+bwd": lambda: torch.autograd.backward(F.rms_norm(x, (1024,), w, EPS), dy),
         "cake gated fwd+bwd": lambda: torch.autograd.backward(cake_gated_rmsnorm_det(x, g, w), dy),
     }
-    if not isinstance(peers["fla"], str):
+    if not isinstance(peers.get("fla", ""), str):
         layernorm, _ = peers["fla"]
         cases["fla fwd"] = lambda: layernorm.rms_norm(x, w, None, eps=EPS)
         cases["fla fwd+bwd"] = lambda: torch.autograd.backward(
@@ -685,6 +722,11 @@ def main(argv=None) -> int:
     parser.add_argument("--eager-gap", action="store_true",
                         help="eager calls against their graph replays (RMSNorm), then exit")
     parser.add_argument("--tune", action="store_true", help="sweep TUNE_VARIANTS instead")
+    parser.add_argument("--once", metavar="PEERS",
+                        help="call cake's and these peers' (comma-separated) RMSNorm forward and "
+                             "backward twice per shape, untimed (for ncu), then exit")
+    parser.add_argument("--profile", action="store_true",
+                        help="peers: also trace each op's calls (device time, idle time before)")
     parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
     args = parser.parse_args(argv)
     if args.precompile:
@@ -695,6 +737,9 @@ def main(argv=None) -> int:
         return 0
     shapes = {"all": SHAPES, "small": SMALL}.get(args.shapes) or [
         tuple(int(v) for v in item.split(":")) for item in args.shapes.split(",")]
+    if args.once:
+        call_once(shapes, set(args.once.split(",")))
+        return 0
     bench = harness.Bench()
     bandwidth = bench.copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.3f} TB/s (read + written)", flush=True)
@@ -725,9 +770,10 @@ def main(argv=None) -> int:
                         save_tune)
         print(tune_tables(rows, bandwidth))
         return 0
-    rows = run(shapes, args.iters, bench, bandwidth, save)
+    rows = run(shapes, args.iters, bench, bandwidth, save, profile=args.profile)
     print(harness.format_table(rows, ["T", "D", "op", "impl", "ms", "TB/s", "% copy", "spread",
-                                      "max rel diff vs cake"]))
+                                      "max rel diff vs cake"]
+                               + (["device us", "idle us"] if args.profile else [])))
     return 0
 
 

@@ -1,0 +1,68 @@
+"""The benchmark harness's trace breakdown (``Bench.device_breakdown``), on a synthetic Chrome
+trace with the categories torch.profiler writes: no GPU needed."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
+
+import harness  # noqa: E402
+
+TAG = harness._CALL_TAG
+
+
+def _call(name, ts, dur, tid=1):
+    return {"cat": "user_annotation", "name": TAG + name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def _launch(correlation, ts, tid=1, cat="cuda_runtime"):
+    return {"cat": cat, "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "tid": tid,
+            "args": {"correlation": correlation}}
+
+
+def _op(correlation, ts, dur, cat="kernel"):
+    return {"cat": cat, "name": f"op{correlation}", "ts": ts, "dur": dur,
+            "args": {"correlation": correlation}}
+
+
+def _trace():
+    """Two rounds of calls "a" (two kernels) and "b" (one memset, launched by the driver API),
+    each after a flush kernel launched outside any call; b's ops start 30 us after the flush."""
+    events = []
+    correlation = 0
+    for start, order in ((0, ("a", "b")), (1000, ("b", "a"))):
+        for slot, name in enumerate(order):
+            base = start + slot * 400
+            correlation += 1
+            events += [_launch(correlation, base), _op(correlation, base + 10, 60)]  # the flush
+            events.append(_call(name, base + 20, 50))
+            if name == "a":
+                events += [_launch(correlation + 1, base + 25), _op(correlation + 1, base + 75, 100),
+                           _launch(correlation + 2, base + 30), _op(correlation + 2, base + 180, 20)]
+            else:
+                events += [_launch(correlation + 1, base + 25, cat="cuda_driver"),
+                           _op(correlation + 1, base + 100, 40, cat="gpu_memset")]
+            correlation += 2
+    events.append({"cat": "gpu_user_annotation", "name": TAG + "a", "ts": 0, "dur": 5000})
+    return events
+
+
+def test_breakdown_sums_each_calls_device_work_and_idle_time_after_the_flush():
+    result = harness._breakdown(_trace(), ["a", "b"])
+    assert result["a"] == {"device_us": 120.0, "idle_us": 5.0, "kernels": 2}
+    assert result["b"] == {"device_us": 40.0, "idle_us": 30.0, "kernels": 1}
+
+
+def test_breakdown_counts_launches_from_other_threads_and_skips_launches_outside_calls():
+    events = _trace()
+    for event in events:
+        if event.get("cat") == "cuda_driver":
+            event["tid"] = 2  # b's memsets now come from another thread (autograd's engine)
+    result = harness._breakdown(events, ["a", "b", "c"])
+    assert result["b"] == {"device_us": 40.0, "idle_us": 30.0, "kernels": 1}
+    # The flushes (launched outside every call) belong to no call; "c" never ran.
+    assert result["a"]["kernels"] == 2
+    assert all(math.isnan(value) for value in result["c"].values())
