@@ -1,9 +1,11 @@
 """The benchmark harness's trace breakdown (``Bench.device_breakdown``), on a synthetic Chrome
-trace with the categories torch.profiler writes: no GPU needed."""
+trace with the categories torch.profiler writes, and the README's peer table against the run it
+quotes: no GPU needed."""
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -66,3 +68,21 @@ def test_breakdown_counts_launches_from_other_threads_and_skips_launches_outside
     # The flushes (launched outside every call) belong to no call; "c" never ran.
     assert result["a"]["kernels"] == 2
     assert all(math.isnan(value) for value in result["c"].values())
+
+
+def test_readme_peer_table_is_the_committed_profiled_run():
+    """The README's RMSNorm peer table is what ``tools/bench/rmsnorm.py --table`` prints from
+    the committed run it cites, so its figures cannot drift from the data."""
+    import json
+
+    import rmsnorm  # tools/bench/rmsnorm.py
+
+    repo = Path(__file__).resolve().parents[1]
+    readme = (repo / "README.md").read_text()
+    source = re.search(r"`(tools/bench/results/[\w.-]+-peers-profiled\.json)`", readme)
+    assert source, "the README names the profiled peer run it quotes"
+    result = json.loads((repo / source.group(1)).read_text())
+    table = rmsnorm.peer_table(result["rows"], result["copy_bandwidth"])
+    assert table.splitlines()[0] in readme
+    start = readme.index(table.splitlines()[0])
+    assert readme[start:start + len(table)] == table

@@ -8,6 +8,7 @@ Usage (from the repository root, on a GPU machine; fla-core and liger-kernel whe
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
     PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
     PYTHONPATH=. python tools/bench/rmsnorm.py --once quack,fla --shapes 65536:8192   # for ncu
+    python tools/bench/rmsnorm.py --table tools/bench/results/2026-12-01-h200-rmsnorm-peers-profiled.json
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; the peers of one shape interleaved A B B A; copy bandwidth of the same run as the
@@ -659,6 +660,34 @@ def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth
     return rows
 
 
+def peer_table(rows: list, bandwidth: float) -> str:
+    """The README's peer table from a ``--profile`` run's rows: per shape and op, cake's eager
+    call against the fastest peer's eager call (event times, host path included), and cake's
+    kernels (its graph replay's device time) against the fastest peer's kernels (device time
+    from the trace): like with like. Ratios above 1 mean cake is faster."""
+    groups = {}
+    for row in rows:
+        groups.setdefault((row["T"], row["D"], row["op"]), {})[row["impl"]] = row
+
+    def cell(op, t, d, ms):
+        return f"{ms:.3f} ({harness.percent_of_roofline(op_bytes(op, t, d), ms, bandwidth):.0f}%)"
+
+    lines = ["| T | D | op | cake eager ms (% copy) | best peer eager ms | eager x | "
+             "cake kernels ms (% copy) | best peer kernels ms (% copy) | kernels x |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (t, d, op), impls in groups.items():
+        peers = {name: row for name, row in impls.items() if not name.startswith("cake")}
+        eager = min(peers, key=lambda name: peers[name]["ms"])
+        kernels = min(peers, key=lambda name: peers[name]["device us"])
+        cake_eager, cake_kernels = impls["cake"]["ms"], impls["cake graph"]["device us"] * 1e-3
+        peer_kernels = peers[kernels]["device us"] * 1e-3
+        lines.append(f"| {t} | {d} | {op} | {cell(op, t, d, cake_eager)} | {eager} "
+                     f"{peers[eager]['ms']:.3f} | {peers[eager]['ms'] / cake_eager:.2f} | "
+                     f"{cell(op, t, d, cake_kernels)} | {kernels} {cell(op, t, d, peer_kernels)} | "
+                     f"{peer_kernels / cake_kernels:.2f} |")
+    return "\n".join(lines)
+
+
 def previous_ms(path: Path = REPO / "tools" / "bench" / "results" / "2026-11-29-h200-rmsnorm.json") -> dict:
     """(T, D, op) -> ms of the kernels before the ring ("cake graph" rows of the last full run)."""
     import json
@@ -728,7 +757,15 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="peers: also trace each op's calls (device time, idle time before)")
     parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
+    parser.add_argument("--table", type=Path, metavar="JSON",
+                        help="print the peer table of a --profile run's --json file, then exit")
     args = parser.parse_args(argv)
+    if args.table:
+        import json
+
+        result = json.loads(args.table.read_text())
+        print(peer_table(result["rows"], result["copy_bandwidth"]))
+        return 0
     if args.precompile:
         precompile()
         return 0
@@ -774,6 +811,8 @@ def main(argv=None) -> int:
     print(harness.format_table(rows, ["T", "D", "op", "impl", "ms", "TB/s", "% copy", "spread",
                                       "max rel diff vs cake"]
                                + (["device us", "idle us"] if args.profile else [])))
+    if args.profile:
+        print(peer_table(rows, bandwidth))
     return 0
 
 
