@@ -384,6 +384,8 @@ def host_overhead(calls: int = 300) -> list:
         cases["fla fwd"] = lambda: layernorm.rms_norm(x, w, None, eps=EPS)
         cases["fla fwd+bwd"] = lambda: torch.autograd.backward(
             layernorm.rms_norm(x, w, None, eps=EPS), dy)
+    if not isinstance(peers.get("quack", ""), str):
+        cases["quack fwd"] = lambda: peers["quack"](x, w, eps=EPS)
     rows = []
     for name, fn in cases.items():
         for _ in range(20):
@@ -755,7 +757,8 @@ def main(argv=None) -> int:
                         help="call cake's and these peers' (comma-separated) RMSNorm forward and "
                              "backward twice per shape, untimed (for ncu), then exit")
     parser.add_argument("--profile", action="store_true",
-                        help="peers: also trace each op's calls (device time, idle time before)")
+                        help="peers: also trace each op's calls (device time, idle time before), "
+                             "then the host cost per call in the same process")
     parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
     parser.add_argument("--table", type=Path, metavar="JSON",
                         help="print the peer table of a --profile run's --json file, then exit")
@@ -781,10 +784,10 @@ def main(argv=None) -> int:
     bandwidth = bench.copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.3f} TB/s (read + written)", flush=True)
 
-    def save(rows):  # after every shape, so a run cut short keeps what it measured
+    def save(rows, **extra):  # after every shape, so a run cut short keeps what it measured
         if args.json:
             harness.write_json(args.json, {"device": harness.device_summary(),
-                                           "copy_bandwidth": bandwidth, "rows": rows})
+                                           "copy_bandwidth": bandwidth, "rows": rows, **extra})
 
     if args.eager_gap:
         rows = eager_gap(shapes if args.shapes != "all" else GAP_SHAPES, args.iters, bench)
@@ -813,6 +816,11 @@ def main(argv=None) -> int:
                                + (["device us", "idle us"] if args.profile else [])))
     if args.profile:
         print(peer_table(rows, bandwidth))
+        # The host path in the process the eager figures came from (peers imported, compiled,
+        # timed), against a fresh process's (--host).
+        host = host_overhead()
+        print("host cost per call in this process, after the timings:\n" + harness.format_table(host))
+        save(rows, host=host)
     return 0
 
 
