@@ -10,8 +10,10 @@ written over time, same protocol), so "% of roofline" compares like with like.
 Use::
 
     from tools.bench import harness            # or: import harness (run from tools/bench)
-    bw = harness.copy_bandwidth()             # bytes/s
-    times = harness.interleaved({"cake": f, "peer": g}, iters=50)   # name -> Timing
+    bench = harness.Bench()
+    bw = bench.copy_bandwidth()                # bytes/s
+    times = bench.interleaved({"cake": f, "peer": g}, iters=50)   # name -> Timing
+    split = bench.device_breakdown({"cake": f, "peer": g})        # device and idle us per call
     print(harness.format_table(rows))
 
 ``host_inclusive=True`` synchronizes after the flush, so the interval also holds the host work
@@ -108,7 +110,6 @@ class Bench:
         dst = torch.empty_like(src)
         timing = self.time(lambda: dst.copy_(src), warmup=3, iters=iters)
         return 2 * nbytes / (timing.median * 1e-3)
-
 
     def device_breakdown(self, fns: Mapping[str, Callable[[], object]], *,
                          rounds: int = 6) -> dict:
