@@ -272,13 +272,12 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
                         "TB/s": nbytes / (timing.median * 1e-3) / 1e12,
                         "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth),
                         "max rel diff vs cake": agree.get(name, 0.0)})
-                    if name in traced[phase]:
-                        rows[-1].update({"device us": traced[phase][name]["device_us"],
-                                         "idle us": traced[phase][name]["idle_us"]})
+                    split = traced[phase].get(name)
+                    if split:
+                        rows[-1].update({"device us": split["device_us"], "idle us": split["idle_us"]})
                         print(f"T={t} D={d} {phase:9s} {name}: event {timing.median * 1e3:.1f} us, "
-                              f"device {traced[phase][name]['device_us']:.1f} us in "
-                              f"{traced[phase][name]['kernels']:.0f} ops, idle before "
-                              f"{traced[phase][name]['idle_us']:.1f} us", flush=True)
+                              f"device {split['device_us']:.1f} us in {split['kernels']:.0f} ops, "
+                              f"idle before {split['idle_us']:.1f} us", flush=True)
                 best_peer = min((tm.median for n, tm in times.items() if not n.startswith("cake")),
                                 default=None)
                 cake_ms, graph_ms = times["cake"].median, times["cake graph"].median
