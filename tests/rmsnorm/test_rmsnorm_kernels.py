@@ -1,5 +1,6 @@
 """Compiler report of the RMSNorm programs (``nvcc`` on this machine, no GPU): every kernel of
-every rendered program of both families compiles for sm_90a without register spills."""
+every rendered program of both families compiles for sm_90a without register spills, and each
+program holds exactly the kernel instances its table calls for."""
 
 from __future__ import annotations
 
@@ -60,3 +61,50 @@ def test_kernels_do_not_spill(reports, name, program):
     assert all(kernel.split("kernel_")[1].startswith(program.library) for kernel in kernels)
     spilled = [(entry, sizes) for entry, *sizes in found if sizes != ["0", "0", "0"]]
     assert not spilled, f"{program.library}: stack/spill bytes {spilled}"
+
+
+_INSTANCE_RE = re.compile(r"_(forward|backward)ILi(\d+)ELi(\d+)EE")
+_PARAM_RE = re.compile(r"^#define (CAKE_\w+) (-?\d+)$", re.MULTILINE)
+_MAX_COLS = 16384
+_MAX_EPT = 32
+
+
+def _elems_per_thread(cols: int, min_ept: int, max_row: int) -> int:
+    ept = min_ept
+    while ept < _MAX_EPT:
+        if cols <= ept * max_row:
+            return ept
+        ept *= 2
+    return _MAX_EPT
+
+
+def _expected_instances(params: dict) -> set:
+    """(direction, elements a thread, fixed row width or 0) of every kernel instance the
+    program's table calls for: each D band's run-time-width instance and, on the vector route,
+    the power-of-two widths of 64-512 threads whose widest D falls in that band."""
+    min_ept = params["CAKE_MIN_ELEMS_PER_THREAD"]
+    epts = [e for e in (8, 16, 32) if e >= min_ept]
+    expected = set()
+    for direction in ("forward", "backward"):
+        max_row = params[f"CAKE_{direction.upper()}_MAX_ROW_THREADS"]
+        for ept in epts:
+            expected.add((direction, ept, 0))
+            for tpr in (64, 128, 256, 512) if params["CAKE_VECTOR"] else ():
+                cols = ept * tpr
+                if cols <= _MAX_COLS and _elems_per_thread(cols, min_ept, max_row) == ept:
+                    expected.add((direction, ept, tpr))
+    return expected
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,program", list(_programs()))
+def test_fixed_width_instances_follow_the_table(reports, name, program):
+    """Every row width a direction's widest row group lets it reach is compiled with that width
+    fixed, and no other (e.g. RMSNorm's 16-bit vector forward, at most 64 threads a row below 32
+    elements a thread, has 32-element instances of 64, 128, 256 and 512 threads)."""
+    found = {(direction, int(ept), int(tpr))
+             for entry, *_ in _REPORT_RE.findall(reports[program.library])
+             for direction, ept, tpr in _INSTANCE_RE.findall(entry)}
+    source = (REPO / "csrc" / name / f"{program.library}_kernel.cu").read_text()
+    expected = _expected_instances({key: int(value) for key, value in _PARAM_RE.findall(source)})
+    assert found == expected, sorted(found ^ expected)

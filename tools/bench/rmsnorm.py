@@ -8,7 +8,7 @@ Usage (from the repository root, on a GPU machine; fla-core and liger-kernel whe
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
     PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
     PYTHONPATH=. python tools/bench/rmsnorm.py --once quack,fla --shapes 65536:8192   # for ncu
-    python tools/bench/rmsnorm.py --table tools/bench/results/2026-12-01-h200-rmsnorm-peers-profiled.json
+    python tools/bench/rmsnorm.py --table tools/bench/results/2026-12-01-h200-rmsnorm-forward-width-peers-profiled.json
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; the peers of one shape interleaved A B B A; copy bandwidth of the same run as the
@@ -433,8 +433,16 @@ TUNE_VARIANTS = {
     "bands512": {"CAKE_BACKWARD_BANDS": 512},
     "bands2048": {"CAKE_BACKWARD_BANDS": 2048},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
-    "row256": {"CAKE_MAX_ROW_THREADS": 256},
-    "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_MAX_ROW_THREADS": 256},
+    "row256": {"CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
+    "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
+                    "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
+    # The forward's widest row group below 32 elements a thread (the table: 64 for RMSNorm's
+    # 16-bit vector programs, 512 for the gated ones, so fwd_row64 and fwd_row512 each repeat
+    # one family's table).
+    "fwd_row512": {"CAKE_FORWARD_MAX_ROW_THREADS": 512},
+    "fwd_row128": {"CAKE_FORWARD_MAX_ROW_THREADS": 128},
+    "fwd_row64": {"CAKE_FORWARD_MAX_ROW_THREADS": 64},
+    "fwd_row32": {"CAKE_FORWARD_MAX_ROW_THREADS": 32},
     "cta128": {"CAKE_FORWARD_CTA_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128},
     "cta512": {"CAKE_FORWARD_CTA_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512},
     "l2_128": {"CAKE_L2_PREFETCH": 128},

@@ -41,7 +41,8 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # forward 2-4 points at every shape but 65536 x 8192 and 262144 x 8192 (level), D = 1024
 # included (it lost 4-6 there before); the backward stays at 256 (0-3 points lower with 512).
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
-          "CAKE_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 512,
+          "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
+          "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
           "CAKE_BACKWARD_BANDS": 1024, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_MIN_BLOCKS": 2}
@@ -49,6 +50,14 @@ TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_P
 # register bound (80-85% against 74-81%; its rows in registers measured 81-86% but spill 16
 # bytes at the 128 registers a 512-thread row allows).
 GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0}
+# RMSNorm's 16-bit vector forward: rows of at most 64 threads below 32 elements a thread, so
+# 32 elements a thread from D = 1025 up (row groups of 64-512 threads), where 512 threads a row
+# kept 16 up to D = 8192. A row step's fixed instructions then cover twice the data: 0.6-2.2
+# points of copy bandwidth at D = 2048-8192 in three H200 runs of 2026-12-01, level at 1024
+# (tools/bench/results/2026-12-01-h200-rmsnorm-forward-width-*.json). Not the gated forward, whose
+# ring slot of x and g then takes 64 KiB a 512-thread CTA (1 CTA an SM at D = 2048: 88.6% against
+# 95.6%), nor fp32 or the scalar route (not measured).
+WIDE_FORWARD_TUNING = {"CAKE_FORWARD_MAX_ROW_THREADS": 64}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
 # spills at 64).
@@ -59,6 +68,7 @@ def tuning(dtype: str, load: str, gated: bool) -> dict:
     """The tuning knobs of one family's programs of one dtype and load (``vector`` or
     ``scalar``)."""
     return {**TUNING, **(GATED_TUNING if gated else {}),
+            **(WIDE_FORWARD_TUNING if not gated and load == "vector" and dtype != "float32" else {}),
             **(WIDE_BACKWARD_TUNING if load == "scalar" or dtype == "float32" else {})}
 
 

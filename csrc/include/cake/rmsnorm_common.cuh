@@ -18,10 +18,13 @@
 // multiple of kVec, 16-byte aligned rows) a pack moves as one 16-byte access; on the unaligned
 // route (any D, any element alignment) as kVec element accesses, the last pack of a row partly
 // (elements past D read as 0 and are not written). A program compiles instances for kEpt in
-// {8 (optional), 16, 32} and picks one per D (elems_per_thread); on the aligned route, the row
-// groups of 64 to 512 threads (D = 1024 .. 8192 at 16 elements a thread, 16384 at 32) also get
-// instances with that width fixed at compile time (Shape, with_instance), whose ring, row and
-// column offsets are immediates: the row loop then spends its instructions on the data.
+// {8 (optional), 16, 32} and picks one per D and direction (elems_per_thread: the narrowest
+// whose row group stays within the direction's widest); on the aligned route, the power-of-two
+// row groups of 64 to 512 threads that a direction reaches (e.g. D = 1024 .. 8192 at 16
+// elements a thread, 16384 at 32) also get instances with that width fixed at compile time
+// (Shape, with_instance), whose ring, row and column offsets are immediates: the row loop then
+// spends its instructions on the data. Fewer threads a row with more elements each spread a
+// row step's fixed instructions (copies, sum, rstd, loop) over more data.
 //
 // Two ways to keep rows in flight (the kernels are bound by DRAM latency times bytes in flight):
 // * staged (every instance unless the direction's stages knob is 0): the next rows' packs go
@@ -87,7 +90,9 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kForwardStages       0 (registers path for the narrow aligned instances) or 1..kMaxStages
 //   kBackwardStages      the same for the backward
 //   kMinEpt              8 or 16: the narrowest instance compiled
-//   kMaxRowThreads       256 or 512: the widest row group an instance below kMaxEpt may use
+//   kForwardMaxRowThreads  32 to 512 (a power of two): the widest row group a forward instance
+//                        below kMaxEpt may use (fewer threads a row: more elements a thread)
+//   kBackwardMaxRowThreads the same for the backward
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
 //   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned streaming loads
@@ -103,11 +108,15 @@ __host__ __device__ constexpr bool valid_cta_threads(int threads) {
   return threads == 128 || threads == 256 || threads == 512;
 }
 
+__host__ __device__ constexpr bool valid_max_row_threads(int threads) {
+  return threads >= 32 && threads <= kMaxCtaThreads && (threads & (threads - 1)) == 0;
+}
+
 template <class Cfg>
 __host__ __device__ constexpr bool valid_config() {
   return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
          Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
-         (Cfg::kMaxRowThreads == 256 || Cfg::kMaxRowThreads == 512) &&
+         valid_max_row_threads(Cfg::kForwardMaxRowThreads) && valid_max_row_threads(Cfg::kBackwardMaxRowThreads) &&
          valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
@@ -1338,12 +1347,13 @@ __device__ __forceinline__ void reduce_dweight(const DweightParams& p) {
 
 // --------------------------------------------------------------------------- launch shapes
 
-// Elements a thread (the instance) for D = cols: the narrowest instance whose row group stays
-// within kMaxRowThreads, else the widest (up to kMaxCtaThreads threads a row).
-template <class Cfg>
-inline int elems_per_thread(int cols) {
-  for (int ept = Cfg::kMinEpt; ept < kMaxEpt; ept *= 2) {
-    if (cols <= ept * Cfg::kMaxRowThreads) return ept;
+// Elements a thread (the instance) for D = cols in a direction whose row groups take at most
+// kMaxRow threads below kMaxEpt: the narrowest instance within that, else the widest (up to
+// kMaxCtaThreads threads a row).
+template <int kMinEpt, int kMaxRow>
+__host__ __device__ constexpr int elems_per_thread(int cols) {
+  for (int ept = kMinEpt; ept < kMaxEpt; ept *= 2) {
+    if (cols <= ept * kMaxRow) return ept;
   }
   return kMaxEpt;
 }
@@ -1365,27 +1375,41 @@ struct Instance {
   static constexpr int tpr = kTpr;
 };
 
-// Calls f(Instance<ept, tpr>{}) for the instance serving `cols`. The aligned route has
-// fixed-width instances for the power-of-two row groups of 64 to 512 threads (D = 1024 .. 8192
-// at 16 elements a thread; D = 16384 at 32); any other width runs the run-time one.
-template <class Cfg, bool kAligned, typename F>
+// Whether a direction (kMinEpt, kMaxRow) ever runs kEpt elements a thread with row groups of
+// exactly kTpr (a power of two above 32) threads: D = kTpr * kEpt, the widest D of that width,
+// is in kEpt's band (the narrower widths of the band round up to a multiple of 32 below it).
+template <int kMinEpt, int kMaxRow>
+constexpr bool reachable_width(int ept, int tpr) {
+  return ept * tpr <= kMaxCols && elems_per_thread<kMinEpt, kMaxRow>(ept * tpr) == ept;
+}
+
+// Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction whose row groups
+// take at most kMaxRow threads below kMaxEpt. The aligned route has fixed-width instances for
+// the power-of-two row groups of 64 to 512 threads that the direction reaches (at 16 elements
+// a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384); any other width runs
+// the run-time one.
+template <class Cfg, int kMaxRow, bool kAligned, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
-  const int ept = elems_per_thread<Cfg>(cols);
+  const int ept = elems_per_thread<Cfg::kMinEpt, kMaxRow>(cols);
   const int tpr = threads_per_row(cols, ept);
   const auto by_width = [&](auto width_of_ept) -> cudaError_t {
     constexpr int kEpt = decltype(width_of_ept)::value;
-    if constexpr (kAligned && kEpt < kMaxEpt) {
-      switch (tpr) {
-        case 64: return f(Instance<kEpt, 64>{});
-        case 128: return f(Instance<kEpt, 128>{});
-        case 256: return f(Instance<kEpt, 256>{});
-        case 512: return f(Instance<kEpt, 512>{});
-        default: break;
+    bool launched = false;
+    cudaError_t status = cudaSuccess;
+    const auto fixed = [&](auto width) {
+      constexpr int kTpr = decltype(width)::value;
+      if constexpr (kAligned && reachable_width<Cfg::kMinEpt, kMaxRow>(kEpt, kTpr)) {
+        if (tpr == kTpr) {
+          status = f(Instance<kEpt, kTpr>{});
+          launched = true;
+        }
       }
-    } else if constexpr (kAligned) {
-      if (tpr == kMaxCtaThreads) return f(Instance<kEpt, kMaxCtaThreads>{});
-    }
-    return f(Instance<kEpt, 0>{});
+    };
+    fixed(std::integral_constant<int, 64>{});
+    fixed(std::integral_constant<int, 128>{});
+    fixed(std::integral_constant<int, 256>{});
+    fixed(std::integral_constant<int, 512>{});
+    return launched ? status : f(Instance<kEpt, 0>{});
   };
   if constexpr (Cfg::kMinEpt <= 8) {
     if (ept == 8) return by_width(std::integral_constant<int, 8>{});

@@ -7,7 +7,7 @@
 // loads (D a multiple of 16 / sizeof(T), 16-byte aligned tensors), 0 for element loads (any D).
 // Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
-// CAKE_MIN_ELEMS_PER_THREAD, CAKE_MAX_ROW_THREADS, CAKE_{FORWARD,BACKWARD}_CTA_THREADS,
+// CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS, CAKE_{FORWARD,BACKWARD}_CTA_THREADS,
 // CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
@@ -26,7 +26,8 @@
 #define CAKE_FORWARD_STAGES 3
 #define CAKE_BACKWARD_STAGES 2
 #define CAKE_MIN_ELEMS_PER_THREAD 16
-#define CAKE_MAX_ROW_THREADS 512
+#define CAKE_FORWARD_MAX_ROW_THREADS 512
+#define CAKE_BACKWARD_MAX_ROW_THREADS 512
 #define CAKE_FORWARD_CTA_THREADS 256
 #define CAKE_BACKWARD_CTA_THREADS 256
 #define CAKE_L2_PREFETCH 0
@@ -58,7 +59,8 @@ struct Config {
   static constexpr int kForwardStages = CAKE_FORWARD_STAGES;
   static constexpr int kBackwardStages = CAKE_BACKWARD_STAGES;
   static constexpr int kMinEpt = CAKE_MIN_ELEMS_PER_THREAD;
-  static constexpr int kMaxRowThreads = CAKE_MAX_ROW_THREADS;
+  static constexpr int kForwardMaxRowThreads = CAKE_FORWARD_MAX_ROW_THREADS;
+  static constexpr int kBackwardMaxRowThreads = CAKE_BACKWARD_MAX_ROW_THREADS;
   static constexpr int kForwardCtaThreads = CAKE_FORWARD_CTA_THREADS;
   static constexpr int kBackwardCtaThreads = CAKE_BACKWARD_CTA_THREADS;
   static constexpr int kL2Prefetch = CAKE_L2_PREFETCH;
@@ -97,7 +99,7 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 }
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+  return cake::rmsnorm::with_instance<Config, Config::kForwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                          kernel_cake_library_forward<I::ept, I::tpr>>(p, stream);
@@ -106,7 +108,7 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config, kAligned>(p.cols, [&](auto instance) {
+  return cake::rmsnorm::with_instance<Config, Config::kBackwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                           kernel_cake_library_backward<I::ept, I::tpr>>(p, ctas, stream);
