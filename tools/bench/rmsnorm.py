@@ -443,6 +443,11 @@ TUNE_VARIANTS = {
     "fwd_row128": {"CAKE_FORWARD_MAX_ROW_THREADS": 128},
     "fwd_row64": {"CAKE_FORWARD_MAX_ROW_THREADS": 64},
     "fwd_row32": {"CAKE_FORWARD_MAX_ROW_THREADS": 32},
+    # The backward's (both families' table: 512): 32 elements a thread keep their weight-gradient
+    # sums in shared memory (dw_in_shared) under a one-CTA register bound.
+    "bwd_row256": {"CAKE_BACKWARD_MAX_ROW_THREADS": 256},
+    "bwd_row128": {"CAKE_BACKWARD_MAX_ROW_THREADS": 128},
+    "bwd_row64": {"CAKE_BACKWARD_MAX_ROW_THREADS": 64},
     "cta128": {"CAKE_FORWARD_CTA_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128},
     "cta512": {"CAKE_FORWARD_CTA_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512},
     "l2_128": {"CAKE_L2_PREFETCH": 128},
