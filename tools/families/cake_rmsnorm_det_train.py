@@ -25,8 +25,9 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 
 # Pipeline and launch shape of every program (meanings in the kernel template and
 # csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row (RMSNorm's
-# 16-bit vector forward: up to 64, WIDE_FORWARD_TUNING below), weights in shared memory. Forward: 512-thread CTAs, rows through a 2-slot shared-memory ring, no register
-# bound, CTAs of about 16 rows (many waves: the block scheduler evens out the SMs). Backward:
+# 16-bit vector forward: up to 64, WIDE_FORWARD_TUNING below), weights in shared memory.
+# Forward: 512-thread CTAs, rows through a 2-slot shared-memory ring, no register bound, CTAs of
+# about 16 rows (many waves: the block scheduler evens out the SMs). Backward:
 # 256-thread CTAs, a 2-slot ring and 64 registers a
 # thread, so that 4 CTAs of 256 threads (2 of 512) share an SM and the 1024 backward bands run
 # in whole waves of 528 (264) CTAs on 132 SMs.
