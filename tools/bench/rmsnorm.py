@@ -432,6 +432,13 @@ TUNE_VARIANTS = {
     "fwd_rows32": {"CAKE_FORWARD_CTA_ROWS": 32},
     "bands512": {"CAKE_BACKWARD_BANDS": 512},
     "bands2048": {"CAKE_BACKWARD_BANDS": 2048},
+    # Band counts that fill whole waves on 132 SMs at 1, 2 or 4 resident CTAs an SM (528 =
+    # 4 x 132), with the backward's CTAs at 256 threads (the table) or 512.
+    "bands528": {"CAKE_BACKWARD_BANDS": 528},
+    "bands1056": {"CAKE_BACKWARD_BANDS": 1056},
+    "cta512_bands264": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 264},
+    "cta512_bands528": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 528},
+    "cta512_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 1056},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
     "row256": {"CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
