@@ -107,7 +107,7 @@ def cake_rmsnorm_det_train_backward(
 def cake_rmsnorm_det_train_backward_workspace_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
     """Bytes of device workspace the backward needs for x ``[..., D]`` (0 without rows).
 
-    One fp32 partial weight-gradient row per band of rows (at most 1024 bands). Loads (or
+    One fp32 partial weight-gradient row per band of rows (at most 528 bands). Loads (or
     JIT-compiles) the program the call routes to.
 
     Example::

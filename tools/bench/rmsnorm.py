@@ -8,7 +8,7 @@ Usage (from the repository root, on a GPU machine; fla-core and liger-kernel whe
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
     PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
     PYTHONPATH=. python tools/bench/rmsnorm.py --once quack,fla --shapes 65536:8192   # for ncu
-    python tools/bench/rmsnorm.py --table tools/bench/results/2026-12-01-h200-rmsnorm-forward-width-peers-profiled.json
+    python tools/bench/rmsnorm.py --table tools/bench/results/2026-12-01-h200-rmsnorm-backward-waves-peers-profiled.json
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; the peers of one shape interleaved A B B A; copy bandwidth of the same run as the
@@ -158,9 +158,10 @@ def graphed(t: int, d: int, x, g, w, dy) -> tuple:
     y, dx, dg = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
     rstd = torch.empty(t, dtype=torch.float32, device="cuda")
     dw = torch.empty_like(w)
-    ws = torch.empty(cake_rmsnorm_det_train_backward_workspace_bytes(x, w), dtype=torch.uint8,
-                     device="cuda")
-    assert ws.numel() == cake_gated_rmsnorm_det_train_backward_workspace_bytes(x, g, w)
+    # One workspace for both families (their band counts differ).
+    ws = torch.empty(max(cake_rmsnorm_det_train_backward_workspace_bytes(x, w),
+                         cake_gated_rmsnorm_det_train_backward_workspace_bytes(x, g, w)),
+                     dtype=torch.uint8, device="cuda")
     calls = (
         lambda: cake_rmsnorm_det_train_forward(x, w, eps=EPS, out=y, rstd=rstd),
         lambda: cake_rmsnorm_det_train_backward(dy, x, w, rstd, grad_dtype=w.dtype, dx=dx,
@@ -433,12 +434,16 @@ TUNE_VARIANTS = {
     "bands512": {"CAKE_BACKWARD_BANDS": 512},
     "bands2048": {"CAKE_BACKWARD_BANDS": 2048},
     # Band counts that fill whole waves on 132 SMs at 1, 2 or 4 resident CTAs an SM (528 =
-    # 4 x 132), with the backward's CTAs at 256 threads (the table) or 512.
+    # 4 x 132), with the backward's CTAs at 256 threads or 512 (the table since 2026-12-01:
+    # 512 threads in 528 bands for RMSNorm, 264 for the gated family).
     "bands528": {"CAKE_BACKWARD_BANDS": 528},
     "bands1056": {"CAKE_BACKWARD_BANDS": 1056},
     "cta512_bands264": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 264},
     "cta512_bands528": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 528},
     "cta512_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 1056},
+    # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
+    "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
+    "bands792": {"CAKE_BACKWARD_BANDS": 792},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
     "row256": {"CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,

@@ -23,19 +23,19 @@
 // cake:params
 #define CAKE_DTYPE 0
 #define CAKE_VECTOR 0
-#define CAKE_GATED 0
+#define CAKE_GATED 1
 #define CAKE_FORWARD_STAGES 2
-#define CAKE_BACKWARD_STAGES 2
+#define CAKE_BACKWARD_STAGES 3
 #define CAKE_MIN_ELEMS_PER_THREAD 16
 #define CAKE_FORWARD_MAX_ROW_THREADS 512
 #define CAKE_BACKWARD_MAX_ROW_THREADS 512
 #define CAKE_FORWARD_CTA_THREADS 512
-#define CAKE_BACKWARD_CTA_THREADS 256
+#define CAKE_BACKWARD_CTA_THREADS 512
 #define CAKE_L2_PREFETCH 0
 #define CAKE_FORWARD_WEIGHTS 0
 #define CAKE_BACKWARD_WEIGHTS 0
 #define CAKE_FORWARD_CTA_ROWS 16
-#define CAKE_BACKWARD_BANDS 1024
+#define CAKE_BACKWARD_BANDS 264
 #define CAKE_FORWARD_MIN_BLOCKS 0
 #define CAKE_BACKWARD_MIN_BLOCKS 1
 // cake:end-params
@@ -84,42 +84,42 @@ constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BAC
 
 template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+kernel_cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
   cake::rmsnorm::forward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+kernel_cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
   cake::rmsnorm::backward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+cudaError_t cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config, Config::kForwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
-                                         kernel_cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_forward<I::ept, I::tpr>>(p, stream);
+                                         kernel_cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_forward<I::ept, I::tpr>>(p, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config, Config::kBackwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
-                                          kernel_cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_backward<I::ept, I::tpr>>(p, ctas, stream);
+                                          kernel_cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_backward<I::ept, I::tpr>>(p, ctas, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_dweight, p, stream);
+cudaError_t cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_dweight, p, stream);
 }
 
-int64_t cake_rmsnorm_det_train_b89191fa72e5a3e22ecd_backward_rows_per_cta(int64_t rows) {
+int64_t cake_gated_rmsnorm_det_train_530ab3e581beab254ff5_backward_rows_per_cta(int64_t rows) {
   return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }
