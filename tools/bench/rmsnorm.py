@@ -428,6 +428,15 @@ TUNE_VARIANTS = {
     "bwd_mb1": {"CAKE_BACKWARD_MIN_BLOCKS": 1},
     "fwd_wave": {"CAKE_FORWARD_CTA_ROWS": 0},
     "fwd_registers_rows8": {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_CTA_ROWS": 8},
+    # The registers path (next row in registers, no ring) at 16 elements a thread up to
+    # D = 8192 (it has no 32-element instance), CTAs of 8, 16 or 32 rows.
+    "fwd_registers_row512_rows8": {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_CTA_ROWS": 8,
+                                   "CAKE_FORWARD_MAX_ROW_THREADS": 512},
+    "fwd_registers_row512_rows16": {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_CTA_ROWS": 16,
+                                    "CAKE_FORWARD_MAX_ROW_THREADS": 512},
+    "fwd_registers_row512_rows32": {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_CTA_ROWS": 32,
+                                    "CAKE_FORWARD_MAX_ROW_THREADS": 512},
+    "fwd_rows2": {"CAKE_FORWARD_CTA_ROWS": 2},
     "fwd_rows4": {"CAKE_FORWARD_CTA_ROWS": 4},
     "fwd_rows8": {"CAKE_FORWARD_CTA_ROWS": 8},
     "fwd_rows32": {"CAKE_FORWARD_CTA_ROWS": 32},
