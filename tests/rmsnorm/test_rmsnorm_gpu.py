@@ -9,7 +9,7 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on the st
   and a tree of at most 10 levels (< 50 u, u = 2^-24 ~ 6e-8), rsqrtf and __expf add a few ulp,
   so 2e-5 * envelope for y, rstd, dx and dg;
 * dweight is one fp32 chain per column: the rows of a CTA's band (``rows_per_cta``), its row
-  groups (<= 256) and the CTA partials (128 segments of <= 16, then a 7-level tree): we allow
+  groups (<= 512) and the CTA partials (128 segments of <= 16, then a 7-level tree): we allow
   (rows_per_cta + 400) * 2 u of the envelope sum |dn * xhat|, at least 5e-5;
 * 1e-7 absolute for fp16 subnormals.
 """

@@ -443,16 +443,19 @@ TUNE_VARIANTS = {
     "bands512": {"CAKE_BACKWARD_BANDS": 512},
     "bands2048": {"CAKE_BACKWARD_BANDS": 2048},
     # Band counts that fill whole waves on 132 SMs at 1, 2 or 4 resident CTAs an SM (528 =
-    # 4 x 132), with the backward's CTAs at 256 threads or 512 (the table since 2026-12-01:
-    # 512 threads in 528 bands for RMSNorm, 264 for the gated family).
-    "bands528": {"CAKE_BACKWARD_BANDS": 528},
-    "bands1056": {"CAKE_BACKWARD_BANDS": 1056},
+    # 4 x 132; 792 = 6 x 132). The table since 2026-12-01 has 512-thread backward CTAs in 528
+    # bands for RMSNorm and 264 for the gated family, so cta512_bands528 and cta512_bands264
+    # each repeat one family's table. The day's bands tunes (...-backward-bands-*.json) ran over
+    # 256-thread CTAs in 1024 bands, with cta256_bands528 and cta256_bands1056 named bands528
+    # and bands1056.
+    "cta256_bands528": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 528},
+    "cta256_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1056},
     "cta512_bands264": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 264},
     "cta512_bands528": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 528},
     "cta512_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 1056},
+    "bands792": {"CAKE_BACKWARD_BANDS": 792},  # 3 waves for RMSNorm, 6 for the gated family
     # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
-    "bands792": {"CAKE_BACKWARD_BANDS": 792},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
     "row256": {"CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
@@ -470,6 +473,7 @@ TUNE_VARIANTS = {
     "bwd_row128": {"CAKE_BACKWARD_MAX_ROW_THREADS": 128},
     "bwd_row64": {"CAKE_BACKWARD_MAX_ROW_THREADS": 64},
     "cta128": {"CAKE_FORWARD_CTA_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128},
+    # 512 threads both ways: the table since 2026-12-01 (with its bands), so cta512 repeats it.
     "cta512": {"CAKE_FORWARD_CTA_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512},
     "l2_128": {"CAKE_L2_PREFETCH": 128},
     "l2_256": {"CAKE_L2_PREFETCH": 256},

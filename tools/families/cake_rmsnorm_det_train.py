@@ -30,11 +30,13 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # about 16 rows (many waves: the block scheduler evens out the SMs). Backward: 512-thread CTAs,
 # a 2-slot ring and 64 registers a thread, so that 2 CTAs share an SM, and 528 bands: two whole
 # waves of 264 CTAs on 132 SMs (the gated backward, one CTA an SM: 264 bands, GATED_TUNING).
-# Against 256-thread CTAs in 1024 bands (3.9 waves at 4 an SM), in two H200 tunes of 2026-12-01
+# Against 256-thread CTAs in 1024 bands (1.9 waves at 4 an SM; at D = 8192, where a row
+# takes 512 threads, 3.9 at 2), in two H200 tunes of 2026-12-01
 # (tools/bench/results/2026-12-01-h200-rmsnorm-backward-bands-*.json): +2.6..5.8 points at
 # D = 2048-8192 and +0.4..3.6 at 1024 for RMSNorm, +2.9..6.7 and +1.4..3.4 for the gated one.
-# One wave of RMSNorm's (264 bands) trailed two by 0.4-1.9 points at 6 of the 8 shapes (1.4
-# ahead at 65536 x 8192); four of the gated one's (528) trailed two by up to 2.7.
+# One wave of RMSNorm's (264 bands) was 0.4-1.9 points behind two at most shapes and 1.4 ahead
+# at 65536 x 8192; four of the gated one's (528) trailed two by 0.6-1.9 at T = 65536 and were
+# within 0.6 at 262144.
 # From the H200 sweeps of 2026-11-29 (tools/bench/results/, % of copy bandwidth at the issue's 8
 # shapes): the 26-variant sweep (2026-11-29-h200-rmsnorm-tune.json) for the backward knobs; the
 # forward's CTA rows (-forward-rows-sweep.json: 84-91% RMSNorm, 88-99% gated, against 81-85% and
@@ -53,8 +55,10 @@ TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_P
           "CAKE_BACKWARD_BANDS": 528, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_MIN_BLOCKS": 2}
 # The gated backward, whose ring slot holds three tensors, keeps a 3-slot ring without the
 # register bound (80-85% against 74-81%; its rows in registers measured 81-86% but spill 16
-# bytes at the 128 registers a 512-thread row allows).
-GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_BANDS": 264}
+# bytes at the 128 registers a 512-thread row allows). Its 512-thread CTAs then take an SM
+# each, so 264 bands make its two waves.
+GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
+                "CAKE_BACKWARD_BANDS": 264}
 # RMSNorm's 16-bit vector forward: rows of at most 64 threads below 32 elements a thread, so
 # 32 elements a thread from D = 1025 up (row groups of 64-512 threads), where 512 threads a row
 # kept 16 up to D = 8192. A row step's fixed instructions then cover twice the data: 0.6-2.2
