@@ -7,6 +7,9 @@ gated family; ``Family.reference`` gives the float64 forward and backward of the
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -25,12 +28,33 @@ DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 3840, 4096, 4104, 5120
         8200, 16384]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+@functools.lru_cache(maxsize=None)
+def family_table(name: str):
+    """``FAMILY`` of ``tools/families/<name>.py`` (loaded by path: the tests do not put the
+    repository's ``tools`` on the import path)."""
+    path = REPO / "tools" / "families" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_table_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FAMILY
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
     gated: bool
     package: object
+
+    @property
+    def backward_bands(self) -> int:
+        """CAKE_BACKWARD_BANDS of the family's programs (one value for all of them)."""
+        table = family_table(self.package.__name__.removeprefix("cake."))
+        bands = {spec.params["CAKE_BACKWARD_BANDS"] for spec in table.specs}
+        assert len(bands) == 1, bands
+        return bands.pop()
 
     def forward(self, x, g, w, residual=None, **kw):
         if self.gated:

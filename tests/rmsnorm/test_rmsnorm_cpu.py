@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import fake_gpu  # noqa: E402
 from fake_gpu import cuda  # noqa: E402
-from rmsnorm_families import FAMILIES  # noqa: E402
+from rmsnorm_families import FAMILIES, family_table  # noqa: E402
 
 from cake.core import jit, rmsnorm  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
@@ -82,17 +82,9 @@ def test_prenorm_sum_is_rounded_like_the_kernels():
 # --------------------------------------------------------------------------- tables, routes
 
 
-def _table(name):
-    spec = importlib.util.spec_from_file_location(f"_table_{name}",
-                                                  REPO / "tools" / "families" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FAMILY
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_family_tables(name):
-    family = _table(name)
+    family = family_table(name)
     manifest = MANIFESTS[name]
     assert family.name == name and len(family.specs) == len(manifest.programs) == 6
     gated = int(name.startswith("cake_gated"))
@@ -363,7 +355,7 @@ def _call(compiled, name, entry, args):
 def test_workspace_bytes_entry(compiled, name):
     """One fp32 partial row (D rounded up to 4) per backward band: at most the table's
     CAKE_BACKWARD_BANDS bands of at least 16 rows."""
-    bands = _table(name).specs[0].params["CAKE_BACKWARD_BANDS"]
+    bands = family_table(name).specs[0].params["CAKE_BACKWARD_BANDS"]
     out = ctypes.c_int64(-1)
     for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (16 * bands, 4096), (16 * bands + 1, 16),
                        (65536, 1024), (10 ** 7, 16384)):

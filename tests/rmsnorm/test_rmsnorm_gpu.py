@@ -17,7 +17,6 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on the st
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -36,25 +35,9 @@ RTOL = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -10, torch.float32: 0.0
 U = 2.0 ** -24
 
 
-def _backward_bands() -> dict:
-    """gated -> CAKE_BACKWARD_BANDS of that family's programs (the same for every dtype and
-    load; tools/families/cake_rmsnorm_det_train.py)."""
-    path = REPO / "tools" / "families" / "cake_rmsnorm_det_train.py"
-    spec = importlib.util.spec_from_file_location("_rmsnorm_table", path)
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    bands = {gated: {table.tuning(dtype, load, gated)["CAKE_BACKWARD_BANDS"]
-                     for dtype in table.DTYPES for load in table.LOADS} for gated in (False, True)}
-    assert all(len(counts) == 1 for counts in bands.values()), bands
-    return {gated: counts.pop() for gated, counts in bands.items()}
-
-
-BANDS = _backward_bands()
-
-
-def rows_per_cta(rows: int, gated: bool) -> int:
+def rows_per_cta(rows: int, family) -> int:
     """The kernels' backward band (csrc/include/cake/rmsnorm_common.cuh), for the tolerance."""
-    return max(16, -(-rows // BANDS[gated]))
+    return max(16, -(-rows // family.backward_bands))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -156,7 +139,7 @@ def check_case(family, shape, *, dtype=torch.bfloat16, weight_fp32=False, residu
     if family.gated:
         assert_close("dg", dg, want_dg, env_dg, rtol=RTOL[dtype], env_factor=2e-5)
     rows = x.numel() // x.shape[-1]
-    dw_factor = max(5e-5, (rows_per_cta(rows, family.gated) + 400) * 2 * U)
+    dw_factor = max(5e-5, (rows_per_cta(rows, family) + 400) * 2 * U)
     assert_close("dweight", dw, want_dw, env_dw, rtol=RTOL[grad_dtype], env_factor=dw_factor)
     return y, dx, dw
 
@@ -284,7 +267,7 @@ def test_rows_past_2_31_elements():
         want_dw += (dy[part].double() * xhat).sum(0)
         env_dw += (dy[part].double() * xhat).abs().sum(0)
     assert_close("dweight", dw, want_dw, env_dw, rtol=0,
-                 env_factor=(rows_per_cta(rows, family.gated) + 400) * 2 * U)
+                 env_factor=(rows_per_cta(rows, family) + 400) * 2 * U)
 
 
 # --------------------------------------------------------------------------- autograd, modules

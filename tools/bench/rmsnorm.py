@@ -445,9 +445,9 @@ TUNE_VARIANTS = {
     # Band counts that fill whole waves on 132 SMs at 1, 2 or 4 resident CTAs an SM (528 =
     # 4 x 132; 792 = 6 x 132). The table since 2026-12-01 has 512-thread backward CTAs in 528
     # bands for RMSNorm and 264 for the gated family, so cta512_bands528 and cta512_bands264
-    # each repeat one family's table. The day's bands tunes (...-backward-bands-*.json) ran over
-    # 256-thread CTAs in 1024 bands, with cta256_bands528 and cta256_bands1056 named bands528
-    # and bands1056.
+    # each repeat one family's table. The day's bands tunes (...-backward-bands-*.json) ran on
+    # the table before (256-thread CTAs in 1024 bands), where cta256_bands528 and
+    # cta256_bands1056 were bands528 and bands1056.
     "cta256_bands528": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 528},
     "cta256_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1056},
     "cta512_bands264": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 264},
