@@ -6,7 +6,9 @@
 Run in two checkouts (e.g. main in ``.baseline``) and ``diff`` the files: a kernel change that
 claims to keep the math must leave every line identical. The grid: both families; bf16, fp16,
 fp32; every D band and fixed-width instance of the GPU tests; plain and residual/offset/fp32
-weight options; 67 rows (19 above D = 8192) and 4097 rows (several backward bands).
+weight options; 67 rows (19 above D = 8192) and 4097 rows (several backward bands); then, in
+bf16, 20000 rows at two widths: past 16 rows a band at either family's band count, so a change
+of the band count (which sets the backward's rows a CTA there) shows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from rmsnorm_families import DIMS, DTYPES, FAMILIES  # noqa: E402
+from rmsnorm_families import DIMS, DTYPES, FAMILIES, MIN_ROWS_PER_BAND  # noqa: E402
+
+
+# Rows past the fewest a band takes at every family's band count, where the bands set the rows
+# a backward CTA takes (fixed, so that two revisions digest the same cases; main() checks it).
+BAND_ROWS = 20000
+BAND_DIMS = (1024, 4096)
 
 
 def case_digest(family, rows, cols, dtype, options: bool, seed: int) -> str:
@@ -58,6 +66,15 @@ def main() -> int:
                         name = f"{family.name} {str(dtype)[6:]} {rows}x{cols} options={options}"
                         print(name, case_digest(family, rows, cols, dtype, options, seed),
                               flush=True)
+    for family in FAMILIES:
+        if family.rows_per_band(BAND_ROWS) == MIN_ROWS_PER_BAND:
+            raise SystemExit(f"{family.name}: {BAND_ROWS} rows fill no more than {MIN_ROWS_PER_BAND} "
+                             f"rows a band at {family.backward_bands} bands: raise BAND_ROWS")
+        for cols in BAND_DIMS:
+            for options in (False, True):
+                seed += 1
+                name = f"{family.name} bfloat16 {BAND_ROWS}x{cols} options={options}"
+                print(name, case_digest(family, BAND_ROWS, cols, torch.bfloat16, options, seed), flush=True)
     torch.cuda.synchronize()
     return 0
 

@@ -29,6 +29,8 @@ DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 3840, 4096, 4104, 5120
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 REPO = Path(__file__).resolve().parents[2]
+# The fewest rows a backward band takes (kMinRowsPerCta, csrc/include/cake/rmsnorm_common.cuh).
+MIN_ROWS_PER_BAND = 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +57,10 @@ class Family:
         bands = {spec.params["CAKE_BACKWARD_BANDS"] for spec in table.specs}
         assert len(bands) == 1, bands
         return bands.pop()
+
+    def rows_per_band(self, rows: int) -> int:
+        """Rows a backward CTA takes (the kernels' band of ``rows``)."""
+        return max(MIN_ROWS_PER_BAND, -(-rows // self.backward_bands))
 
     def forward(self, x, g, w, residual=None, **kw):
         if self.gated:

@@ -8,9 +8,9 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on the st
   the sum of squares and the backward's dot product run a per-thread chain of at most 32 terms
   and a tree of at most 10 levels (< 50 u, u = 2^-24 ~ 6e-8), rsqrtf and __expf add a few ulp,
   so 2e-5 * envelope for y, rstd, dx and dg;
-* dweight is one fp32 chain per column: the rows of a CTA's band (``rows_per_cta``), its row
-  groups (<= 512) and the CTA partials (128 segments of <= 16, then a 7-level tree): we allow
-  (rows_per_cta + 400) * 2 u of the envelope sum |dn * xhat|, at least 5e-5;
+* dweight is one fp32 chain per column: the rows of a CTA's band (``Family.rows_per_band``),
+  its row groups (<= 512) and the CTA partials (128 segments of <= 16, then a 7-level tree): we
+  allow (rows_per_band + 400) * 2 u of the envelope sum |dn * xhat|, at least 5e-5;
 * 1e-7 absolute for fp16 subnormals.
 """
 
@@ -33,11 +33,6 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 RTOL = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -10, torch.float32: 0.0}
 U = 2.0 ** -24
-
-
-def rows_per_cta(rows: int, family) -> int:
-    """The kernels' backward band (csrc/include/cake/rmsnorm_common.cuh), for the tolerance."""
-    return max(16, -(-rows // family.backward_bands))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -139,7 +134,7 @@ def check_case(family, shape, *, dtype=torch.bfloat16, weight_fp32=False, residu
     if family.gated:
         assert_close("dg", dg, want_dg, env_dg, rtol=RTOL[dtype], env_factor=2e-5)
     rows = x.numel() // x.shape[-1]
-    dw_factor = max(5e-5, (rows_per_cta(rows, family) + 400) * 2 * U)
+    dw_factor = max(5e-5, (family.rows_per_band(rows) + 400) * 2 * U)
     assert_close("dweight", dw, want_dw, env_dw, rtol=RTOL[grad_dtype], env_factor=dw_factor)
     return y, dx, dw
 
@@ -267,7 +262,7 @@ def test_rows_past_2_31_elements():
         want_dw += (dy[part].double() * xhat).sum(0)
         env_dw += (dy[part].double() * xhat).abs().sum(0)
     assert_close("dweight", dw, want_dw, env_dw, rtol=0,
-                 env_factor=(rows_per_cta(rows, family) + 400) * 2 * U)
+                 env_factor=(family.rows_per_band(rows) + 400) * 2 * U)
 
 
 # --------------------------------------------------------------------------- autograd, modules
