@@ -34,14 +34,19 @@ MIN_ROWS_PER_BAND = 16
 
 
 @functools.lru_cache(maxsize=None)
-def family_table(name: str):
-    """``FAMILY`` of ``tools/families/<name>.py`` (loaded by path: the tests do not put the
+def family_module(name: str):
+    """The module ``tools/families/<name>.py`` (loaded by path: the tests do not put the
     repository's ``tools`` on the import path)."""
     path = REPO / "tools" / "families" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"_table_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.FAMILY
+    return module
+
+
+def family_table(name: str):
+    """``FAMILY`` of ``tools/families/<name>.py``."""
+    return family_module(name).FAMILY
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import fake_gpu  # noqa: E402
 from fake_gpu import cuda  # noqa: E402
-from rmsnorm_families import FAMILIES, family_table  # noqa: E402
+from rmsnorm_families import FAMILIES, family_module, family_table  # noqa: E402
 
 from cake.core import jit, rmsnorm  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
@@ -82,18 +82,35 @@ def test_prenorm_sum_is_rounded_like_the_kernels():
 # --------------------------------------------------------------------------- tables, routes
 
 
+def _bands_by_variant(programs) -> dict:
+    """(dtype, load) -> [(cols_min, cols_max), ...] of the programs, in D order."""
+    out = {}
+    for program in programs:
+        key = (program.variant["dtype"], program.variant["load"])
+        out.setdefault(key, []).append((program.route["cols_min"], program.route["cols_max"]))
+    return {key: sorted(bands) for key, bands in out.items()}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_family_tables(name):
     family = family_table(name)
     manifest = MANIFESTS[name]
-    assert family.name == name and len(family.specs) == len(manifest.programs) == 6
-    gated = int(name.startswith("cake_gated"))
-    assert all(s.params["CAKE_GATED"] == gated for s in family.specs)
-    variants = {(p.variant["dtype"], p.variant["load"]) for p in manifest.programs}
-    assert variants == {(d, l) for d in ("bfloat16", "float16", "float32")
-                        for l in ("vector", "scalar")}
+    gated = name.startswith("cake_gated")
+    # RMSNorm's 16-bit vector programs come in two D bands (their forward differs at D = 2048).
+    split = () if gated else (("bfloat16", "vector"), ("float16", "vector"))
+    assert family.name == name and len(family.specs) == len(manifest.programs) == 6 + len(split)
+    assert all(s.params["CAKE_GATED"] == int(gated) for s in family.specs)
+    bands = _bands_by_variant(manifest.programs)
+    assert set(bands) == {(d, l) for d in ("bfloat16", "float16", "float32") for l in ("vector", "scalar")}
+    for variant, routes in bands.items():
+        want = [(1, 2048), (2049, 16384)] if variant in split else [(1, 16384)]
+        assert routes == want, (variant, routes)
+    # The bands of a variant differ in their forward only: the same backward partition and workspace.
+    for variant in split:
+        knobs = [s.params for s in family.specs if (s.variant["dtype"], s.variant["load"]) == variant]
+        backward = [{k: v for k, v in params.items() if "BACKWARD" in k} for params in knobs]
+        assert len(knobs) == 2 and backward[0] == backward[1] and knobs[0] != knobs[1]
     for program in manifest.programs:
-        assert program.route == {"cols_min": 1, "cols_max": 16384}
         assert program.entries == tuple(f"{program.library}_{e}" for e in
                                         ("digest", "abi_version", "forward", "backward",
                                          "workspace_bytes"))
@@ -105,13 +122,21 @@ def test_family_tables(name):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES, ids=str)
 @pytest.mark.parametrize("vector", [True, False])
-@pytest.mark.parametrize("cols", [1, 8, 16384])
+@pytest.mark.parametrize("cols", [1, 8, 2048, 2056, 16384])
 def test_route_picks_the_variant(name, dtype, vector, cols):
     problem = rmsnorm.Problem(device=torch.device("cuda", 0), dtype=dtype, rows=10, cols=cols,
                               weight_fp32=False, gated=name.startswith("cake_gated"),
                               has_residual=False, vector=vector)
     program = rmsnorm.select(MANIFESTS[name], problem, "sm_90a")
     assert program.variant == {"dtype": str(dtype)[6:], "load": "vector" if vector else "scalar"}
+    assert program.route["cols_min"] <= cols <= program.route["cols_max"]
+    # The routed program is the one rendered with the knobs the table gives this D (both
+    # families' knobs come from the RMSNorm table's ``tuning``).
+    spec = next(s for s in family_table(name).specs
+                if s.variant == program.variant and s.route == program.route)
+    knobs = family_module("cake_rmsnorm_det_train").tuning(
+        program.variant["dtype"], program.variant["load"], name.startswith("cake_gated"), cols)
+    assert {k: spec.params[k] for k in knobs} == knobs
     with pytest.raises(ValueError, match="no program"):
         rmsnorm.select(MANIFESTS[name], problem, "sm_120a")
 

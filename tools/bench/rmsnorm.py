@@ -22,7 +22,8 @@ gradient partials (cake: 1024 rows of D fp32, written and read); gated fwd 3 T D
 5 T D x 2 plus the partials.
 
 ``--tune`` sweeps the kernels' tuning knobs instead (``TUNE_VARIANTS``: one bf16 vector program
-per family and variant, rendered with other knob values and JIT-compiled in parallel): at every
+per family, variant and D band of the table that the shapes reach, rendered with the variant's
+knobs over the band's and JIT-compiled in parallel): at every
 shape, every variant's fwd, bwd, gated fwd and gated bwd through the C entries with caller
 buffers (kernels only), interleaved A B B A per op; the table variant's outputs checked against
 float64 (sampled rows; dweight in full), every other variant's against the table's (bitwise, or
@@ -461,8 +462,8 @@ TUNE_VARIANTS = {
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
                     "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     # The forward's widest row group below 32 elements a thread (the table: 64 for RMSNorm's
-    # 16-bit vector programs, 512 for the gated ones, so fwd_row64 and fwd_row512 each repeat
-    # one family's table).
+    # 16-bit vector programs above D = 2048, 512 below and for the gated ones, so fwd_row64 and
+    # fwd_row512 each repeat a table).
     "fwd_row512": {"CAKE_FORWARD_MAX_ROW_THREADS": 512},
     "fwd_row128": {"CAKE_FORWARD_MAX_ROW_THREADS": 128},
     "fwd_row64": {"CAKE_FORWARD_MAX_ROW_THREADS": 64},
@@ -485,21 +486,35 @@ TUNE_VARIANTS = {
     "fwd_cta512": {"CAKE_FORWARD_CTA_THREADS": 512},
     "fwd_weights_l1_stages3": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_STAGES": 3},
     "fwd_weights_l1_rows32": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_CTA_ROWS": 32},
+    # RMSNorm's one-row forward (the table up to D = 2048) at 8 elements a thread and 32
+    # registers (4 CTAs' bound: full occupancy, FLA's); the backward then has 8-element
+    # instances too.
+    "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 
 
-def tune_programs(variants: dict) -> dict:
+def tune_band(cols: int) -> tuple:
+    """The route of RMSNorm's bf16 vector program serving D = ``cols`` (the gated table has one
+    band)."""
+    from tools.families import cake_rmsnorm_det_train as plain_table
+
+    return next((route["cols_min"], route["cols_max"])
+                for route, _ in plain_table.bands("bfloat16", "vector", False)
+                if route["cols_min"] <= cols <= route["cols_max"])
+
+
+def tune_programs(variants: dict, cols: int) -> dict:
     """variant -> {"plain": library, "gated": library}: the bf16 vector program of each family
-    with the variant's knobs, JIT-compiled in parallel (``harness.tune_libraries``). Variants
-    whose knobs come out the same for a family (e.g. bwd_stages2 is the plain table) share its
-    program."""
+    serving D = ``cols`` (its table's band) with the variant's knobs, JIT-compiled in parallel
+    (``harness.tune_libraries``). Variants whose knobs come out the same for a family (e.g.
+    bwd_stages2 is the plain table) share its program."""
     from tools.families import cake_gated_rmsnorm_det_train as gated_table
     from tools.families import cake_rmsnorm_det_train as plain_table
 
     out = {name: {} for name in variants}
     for key, table, gated in (("plain", plain_table, False), ("gated", gated_table, True)):
-        base = dict(plain_table.tuning("bfloat16", "vector", gated), CAKE_DTYPE=0, CAKE_VECTOR=1,
+        base = dict(plain_table.tuning("bfloat16", "vector", gated, cols), CAKE_DTYPE=0, CAKE_VECTOR=1,
                     CAKE_GATED=int(gated))
         knobs = {name: dict(base, **overrides) for name, overrides in variants.items()}
         unique = {}
@@ -667,10 +682,16 @@ def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth
              on_shape=lambda rows: None) -> list:
     import torch
 
-    programs = tune_programs(variants)
-    print(f"programs ready for {len(programs)} variants", flush=True)
+    # One set of programs for each band of the RMSNorm table that the shapes reach (the
+    # variants' knobs go on top of the band's own).
+    by_band = {}
+    for _, d in shapes:
+        if tune_band(d) not in by_band:
+            by_band[tune_band(d)] = tune_programs(variants, d)
+            print(f"programs ready for {len(variants)} variants (band of D = {d})", flush=True)
     rows = []
     for t, d in shapes:
+        programs = by_band[tune_band(d)]
         case = TuneCase(t, d, programs)
         checks = check_variants(case, programs)
         for op in TUNE_OPS:

@@ -1,15 +1,17 @@
 """Family table of ``cake.cake_rmsnorm_det_train``: RMSNorm (optionally prenorm) with a
 deterministic backward.
 
-One program per (dtype, load). ``dtype`` is the dtype of x/y/dy/dx; ``load`` is ``vector``
+Programs per (dtype, load). ``dtype`` is the dtype of x/y/dy/dx; ``load`` is ``vector``
 (16-byte loads: D a multiple of 16 / sizeof(dtype) and 16-byte aligned tensors) or ``scalar``
 (element loads: any D). Inside every program the weight dtype (x's or fp32), the weight-gradient
-dtype, the residual (prenorm) form and the D band (8 (optional), 16 or 32 elements a thread) are
-chosen per call. ``cols_min``/``cols_max`` bound D for the router (``select`` in
-``cake/core/rmsnorm.py``, shared by both RMSNorm families). 3 dtypes x 2 loads = 6 programs. The
-templates are shared with ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
+dtype, the residual (prenorm) form and the D band of the kernel instances (8 (optional), 16 or
+32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
+(``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
+.. 16384, except RMSNorm's 16-bit vector ones, whose forward differs below and above D = 2048
+(two router bands, ``bands``). 3 dtypes x 2 loads = 6 variants; 8 programs here, 6 in the gated
+family. The templates are shared with ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 
-Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``tuning``);
+Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``bands``);
 ``tools/bench/rmsnorm.py --tune`` sweeps them on a GPU, and its winners go into ``TUNING``.
 """
 
@@ -24,8 +26,9 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
              "binding": "csrc/templates/rmsnorm/binding.cu"}
 
 # Pipeline and launch shape of every program (meanings in the kernel template and
-# csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row (RMSNorm's
-# 16-bit vector forward: up to 64, WIDE_FORWARD_TUNING below), weights in shared memory.
+# csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row, weights in
+# shared memory (RMSNorm's 16-bit vector forward differs: ONE_ROW_FORWARD_TUNING up to D = 2048,
+# WIDE_FORWARD_TUNING above).
 # Forward: 512-thread CTAs, rows through a 2-slot shared-memory ring, no register bound, CTAs of
 # about 16 rows (many waves: the block scheduler evens out the SMs). Backward: 512-thread CTAs,
 # a 2-slot ring and 64 registers a thread, so that 2 CTAs share an SM, and 528 bands: two whole
@@ -67,27 +70,49 @@ GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
 # ring slot of x and g then takes 64 KiB a 512-thread CTA (1 CTA an SM at D = 2048: 88.6% against
 # 95.6%), nor fp32 or the scalar route (not measured).
 WIDE_FORWARD_TUNING = {"CAKE_FORWARD_MAX_ROW_THREADS": 64}
+# RMSNorm's 16-bit vector forward up to D = 2048 (the FLA and Liger forwards' shape): rows of
+# up to 128 threads in 128-thread CTAs, one row step a CTA, each row in registers (no ring, no
+# next row), the weights read as 16-byte vectors through L1 (no staging a CTA), 40 registers
+# (3 CTAs' launch bound: 12 CTAs an SM). Against WIDE_FORWARD_TUNING in H200 tunes of 2026-12-02
+# (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-forward-candidate-tune.json, -forward-
+# row-ctas-vector-weights-tune.json): +2.3..4.1 points at T = 65536 and D = 1024, 2048, +1.5..2.3
+# at 262144 x 2048, level at 262144 x 1024, but 0.3..2.5 behind at T = 262144 and D = 4096,
+# 8192 and level at 65536 there: so only up to ONE_ROW_MAX_COLS.
+ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
+                          "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 128,
+                          "CAKE_FORWARD_CTA_ROWS": 1, "CAKE_FORWARD_MIN_BLOCKS": 3}
+ONE_ROW_MAX_COLS = 2048
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
 # spills at 64).
 WIDE_BACKWARD_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}
 
 
-def tuning(dtype: str, load: str, gated: bool) -> dict:
-    """The tuning knobs of one family's programs of one dtype and load (``vector`` or
-    ``scalar``)."""
-    return {**TUNING, **(GATED_TUNING if gated else {}),
-            **(WIDE_FORWARD_TUNING if not gated and load == "vector" and dtype != "float32" else {}),
+def bands(dtype: str, load: str, gated: bool) -> list:
+    """``(route, knobs)`` of each program of one family's dtype and load (``vector`` or
+    ``scalar``), in D order; their routes tile ``ROUTE``. The backward's knobs are the same in
+    every band (its workspace and partition follow them)."""
+    base = {**TUNING, **(GATED_TUNING if gated else {}),
             **(WIDE_BACKWARD_TUNING if load == "scalar" or dtype == "float32" else {})}
+    if gated or load != "vector" or dtype == "float32":
+        return [(dict(ROUTE), base)]
+    return [({"cols_min": ROUTE["cols_min"], "cols_max": ONE_ROW_MAX_COLS}, {**base, **ONE_ROW_FORWARD_TUNING}),
+            ({"cols_min": ONE_ROW_MAX_COLS + 1, "cols_max": ROUTE["cols_max"]}, {**base, **WIDE_FORWARD_TUNING})]
+
+
+def tuning(dtype: str, load: str, gated: bool, cols: int) -> dict:
+    """The tuning knobs of the program serving D = ``cols`` (see ``bands``)."""
+    return next(knobs for route, knobs in bands(dtype, load, gated)
+                if route["cols_min"] <= cols <= route["cols_max"])
 
 
 def specs(gated: bool) -> tuple:
     """The programs of either RMSNorm family (the gated one passes ``gated=True``)."""
     return tuple(
-        Spec(variant={"dtype": dtype, "load": load}, route=dict(ROUTE),
-             params={"CAKE_DTYPE": code, "CAKE_VECTOR": vector, "CAKE_GATED": int(gated),
-                     **tuning(dtype, load, gated)})
-        for (dtype, code), (load, vector) in itertools.product(DTYPES.items(), LOADS.items()))
+        Spec(variant={"dtype": dtype, "load": load}, route=route,
+             params={"CAKE_DTYPE": code, "CAKE_VECTOR": vector, "CAKE_GATED": int(gated), **knobs})
+        for (dtype, code), (load, vector) in itertools.product(DTYPES.items(), LOADS.items())
+        for route, knobs in bands(dtype, load, gated))
 
 
 FAMILY = Family(name="cake_rmsnorm_det_train", templates=TEMPLATES, specs=specs(gated=False))

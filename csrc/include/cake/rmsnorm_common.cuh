@@ -96,8 +96,8 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
 //   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned streaming loads
-//   kForwardWeights      where staged forward instances below kMaxEpt read the weights from:
-//                        0 shared memory, 1 registers, 2 global memory through L1 (weight_source)
+//   kForwardWeights      where forward instances below kMaxEpt read the weights from: 0 shared
+//                        memory, 1 registers, 2 global memory through L1 (weight_source)
 //   kBackwardWeights     the same for the backward
 //   kForwardCtaRows      rows a forward CTA aims to take: 0 one wave of persistent CTAs (the
 //                        grid follows the occupancy); n > 0 about rows / n CTAs (at least one
@@ -441,14 +441,17 @@ __host__ __device__ constexpr bool uses_registers() {
 // Where an instance reads weight + weight_offset (fp32, 0 past cols) from: shared memory (staged
 // once a CTA), registers (loaded once a thread: only below kMaxEpt, whose weight-gradient sums
 // already take 32 registers), or global memory through L1 at every use (leaves the shared
-// memory to the ring). The widest fp32 instances always read through L1: at D = 16384 their
-// ring (with the plain backward's weight-gradient sums) takes 192-194 KiB, no room for 64 KiB of
-// weights. Below kMaxEpt the program's knob for the direction chooses.
+// memory to the ring, and spares a CTA of one row the staging). The widest fp32 instances
+// always read through L1: at D = 16384 their ring (with the plain backward's weight-gradient
+// sums) takes 192-194 KiB, no room for 64 KiB of weights. The backward's registers path stages
+// them in shared memory. Otherwise the program's knob for the direction chooses.
 enum class WeightSource { kShared, kRegisters, kGlobal };
 
 template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, bool kBackward>
 __host__ __device__ constexpr WeightSource weight_source() {
-  if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, kBackward>()) return WeightSource::kShared;
+  if constexpr (kBackward && uses_registers<T, kAligned, kEpt, kGated, Cfg, kBackward>()) {
+    return WeightSource::kShared;
+  }
   if constexpr (kEpt == kMaxEpt) {
     return sizeof(T) == 4 ? WeightSource::kGlobal : WeightSource::kShared;
   }
@@ -471,7 +474,8 @@ class Weights {
   // Every thread of the CTA constructs it (staging into shared memory ends with a barrier).
   __device__ __forceinline__ Weights(float* smem, const void* weight, int weight_fp32, float offset, int cols,
                                      int tpr, int lane)
-      : smem_(smem), weight_(weight), weight_fp32_(weight_fp32), offset_(offset), cols_(cols) {
+      : smem_(smem), weight_(weight), weight_fp32_(weight_fp32), offset_(offset), cols_(cols),
+        vector_(kAligned && (reinterpret_cast<uintptr_t>(weight) & 15) == 0) {
     if constexpr (kSource == WeightSource::kShared) {
       const int row_elems = tpr * kEpt;
       for (int i = threadIdx.x; i < row_elems; i += blockDim.x) {
@@ -501,11 +505,40 @@ class Weights {
   }
 
  private:
+  // A pack of weights from global memory: 16-byte loads when the weight is 16-byte aligned (the
+  // pack then is too: kAligned), else one load an element.
   __device__ __forceinline__ void load(int col, float (&w)[kVec]) const {
+    if constexpr (kAligned) {
+      if (vector_) {
+        load_vector(col, w);
+        return;
+      }
+    }
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
       const bool in = kAligned ? col < cols_ : col + v < cols_;
       w[v] = in ? load_weight<T>(weight_, weight_fp32_, col + v) + offset_ : 0.0f;
+    }
+  }
+
+  __device__ __forceinline__ void load_vector(int col, float (&w)[kVec]) const {
+    if (col >= cols_) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) w[v] = 0.0f;
+      return;
+    }
+    if (sizeof(T) == 4 || weight_fp32_) {
+      const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(weight_) + col);
+#pragma unroll
+      for (int v = 0; v < kVec; v += 4) {
+        const float4 f = __ldg(q + v / 4);
+        w[v] = f.x + offset_; w[v + 1] = f.y + offset_; w[v + 2] = f.z + offset_; w[v + 3] = f.w + offset_;
+      }
+    } else {
+      Pack<T> pack;
+      pack.set_raw(__ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(weight_) + col)));
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) w[v] = pack.get(v) + offset_;
     }
   }
 
@@ -515,6 +548,7 @@ class Weights {
   int weight_fp32_;
   float offset_;
   int cols_;
+  bool vector_;  // the weight is 16-byte aligned (a pack of it then is too)
 };
 
 // Loads one thread's slice of row `row` of `base` into registers (zeros past the row's end or
@@ -756,7 +790,19 @@ struct StepFill {
 
 // --------------------------------------------------------------------------- forward
 
-// Registers path: the next row is loaded while the current one is reduced and written.
+// Whether a registers-path forward instance loads its next row step while it reduces and
+// writes the current one: not when its CTAs take one step each (kForwardCtaRows rows in one
+// step of a fixed-width instance: see launch_forward), where the second set of registers would
+// only cost occupancy. (A grid capped at kMaxGrid still gives such CTAs more steps; each then
+// loads its rows when it gets to them.)
+template <int kTpr, class Cfg>
+__host__ __device__ constexpr bool forward_prefetches() {
+  return !(kTpr > 0 && Cfg::kForwardCtaRows > 0 &&
+           Cfg::kForwardCtaRows < 2 * row_groups<Cfg::kForwardCtaThreads>(kTpr));
+}
+
+// Registers path: the next row is loaded while the current one is reduced and written (see
+// forward_prefetches).
 template <typename T, int kEpt, int kTpr, bool kGated, class Cfg>
 __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
   using S = Slice<T, kEpt>;
@@ -772,8 +818,9 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
   const int lane = shape.lane;
   const int cols = p.cols;
 
+  constexpr bool kPrefetch = forward_prefetches<kTpr, Cfg>();
   extern __shared__ float4 dynamic_smem[];
-  using W = Weights<T, true, kEpt, WeightSource::kShared>;
+  using W = Weights<T, true, kEpt, weight_source<T, true, kEpt, kGated, Cfg, false>()>;
   const W weights(reinterpret_cast<float*>(dynamic_smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr,
                   lane);
 
@@ -787,15 +834,22 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
   int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
   P s[kVpt], g[kVpt], s_next[kVpt], g_next[kVpt];
-  load_slice<T, kEpt, kL2>(s, x, base + group, base + group < p.rows, cols, tpr, lane);
-  if (kGated) load_slice<T, kEpt, kL2>(g, gate, base + group, base + group < p.rows, cols, tpr, lane);
+  if constexpr (kPrefetch) {
+    load_slice<T, kEpt, kL2>(s, x, base + group, base + group < p.rows, cols, tpr, lane);
+    if (kGated) load_slice<T, kEpt, kL2>(g, gate, base + group, base + group < p.rows, cols, tpr, lane);
+  }
   for (; base < p.rows; base += stride) {
     const int64_t row = base + group;
     const bool row_ok = row < p.rows;
     const int64_t offset = row * cols;
-    const int64_t next = row + stride;
-    load_slice<T, kEpt, kL2>(s_next, x, next, next < p.rows, cols, tpr, lane);
-    if (kGated) load_slice<T, kEpt, kL2>(g_next, gate, next, next < p.rows, cols, tpr, lane);
+    if constexpr (kPrefetch) {
+      const int64_t next = row + stride;
+      load_slice<T, kEpt, kL2>(s_next, x, next, next < p.rows, cols, tpr, lane);
+      if (kGated) load_slice<T, kEpt, kL2>(g_next, gate, next, next < p.rows, cols, tpr, lane);
+    } else {
+      load_slice<T, kEpt, kL2>(s, x, row, row_ok, cols, tpr, lane);
+      if (kGated) load_slice<T, kEpt, kL2>(g, gate, row, row_ok, cols, tpr, lane);
+    }
     if (residual != nullptr) {
 #pragma unroll
       for (int c = 0; c < kVpt; ++c) {
@@ -843,10 +897,12 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
         }
       }
     }
+    if constexpr (kPrefetch) {
 #pragma unroll
-    for (int c = 0; c < kVpt; ++c) {
-      s[c] = s_next[c];
-      if (kGated) g[c] = g_next[c];
+      for (int c = 0; c < kVpt; ++c) {
+        s[c] = s_next[c];
+        if (kGated) g[c] = g_next[c];
+      }
     }
   }
 }
@@ -1472,7 +1528,7 @@ cudaError_t launch_forward(ForwardParams p, cudaStream_t stream) {
   size_t smem = 0;
   if constexpr (uses_registers<T, kAligned, kEpt, kGated, Cfg, false>()) {
     p.stages = 0;
-    smem = Weights<T, true, kEpt, WeightSource::kShared>::smem_bytes(p.tpr);
+    smem = Weights<T, true, kEpt, weight_source<T, true, kEpt, kGated, Cfg, false>()>::smem_bytes(p.tpr);
   } else {
     // The weights (if staged), then the ring of x (, g) (, residual).
     const size_t weights =

@@ -73,16 +73,19 @@ static_assert(cake::rmsnorm::valid_config<Config>(),
               "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
 
 // CTAs an SM in each instance's launch bound: the knob's, except for the widest instances (32
-// elements a thread), which need up to 128 registers a thread: one CTA.
-template <int kEpt>
-constexpr int kForwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_FORWARD_MIN_BLOCKS;
+// elements a thread), which need up to 128 registers a thread: one CTA; and the forward's
+// any-width instances (kTpr 0), at most 2: their run-time row shape takes more registers than
+// the fixed widths (its registers path spills at 40, 3 CTAs' worth, not at 64).
+template <int kEpt, int kTpr>
+constexpr int kForwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1
+                                  : (kTpr == 0 && CAKE_FORWARD_MIN_BLOCKS > 2 ? 2 : CAKE_FORWARD_MIN_BLOCKS);
 template <int kEpt>
 constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS;
 
 }  // namespace
 
 template <int kEpt, int kTpr>
-__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
+__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt, kTpr>)
 kernel_cake_library_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
   cake::rmsnorm::forward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }

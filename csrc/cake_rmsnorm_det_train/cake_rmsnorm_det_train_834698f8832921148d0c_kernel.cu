@@ -21,13 +21,13 @@
 #include "cake/rmsnorm_common.cuh"
 
 // cake:params
-#define CAKE_DTYPE 1
+#define CAKE_DTYPE 0
 #define CAKE_VECTOR 1
-#define CAKE_GATED 1
+#define CAKE_GATED 0
 #define CAKE_FORWARD_STAGES 2
-#define CAKE_BACKWARD_STAGES 3
+#define CAKE_BACKWARD_STAGES 2
 #define CAKE_MIN_ELEMS_PER_THREAD 16
-#define CAKE_FORWARD_MAX_ROW_THREADS 512
+#define CAKE_FORWARD_MAX_ROW_THREADS 64
 #define CAKE_BACKWARD_MAX_ROW_THREADS 512
 #define CAKE_FORWARD_CTA_THREADS 512
 #define CAKE_BACKWARD_CTA_THREADS 512
@@ -35,9 +35,9 @@
 #define CAKE_FORWARD_WEIGHTS 0
 #define CAKE_BACKWARD_WEIGHTS 0
 #define CAKE_FORWARD_CTA_ROWS 16
-#define CAKE_BACKWARD_BANDS 264
+#define CAKE_BACKWARD_BANDS 528
 #define CAKE_FORWARD_MIN_BLOCKS 0
-#define CAKE_BACKWARD_MIN_BLOCKS 0
+#define CAKE_BACKWARD_MIN_BLOCKS 2
 // cake:end-params
 
 namespace {
@@ -74,52 +74,55 @@ static_assert(cake::rmsnorm::valid_config<Config>(),
               "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
 
 // CTAs an SM in each instance's launch bound: the knob's, except for the widest instances (32
-// elements a thread), which need up to 128 registers a thread: one CTA.
-template <int kEpt>
-constexpr int kForwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_FORWARD_MIN_BLOCKS;
+// elements a thread), which need up to 128 registers a thread: one CTA; and the forward's
+// any-width instances (kTpr 0), at most 2: their run-time row shape takes more registers than
+// the fixed widths (its registers path spills at 40, 3 CTAs' worth, not at 64).
+template <int kEpt, int kTpr>
+constexpr int kForwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1
+                                  : (kTpr == 0 && CAKE_FORWARD_MIN_BLOCKS > 2 ? 2 : CAKE_FORWARD_MIN_BLOCKS);
 template <int kEpt>
 constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS;
 
 }  // namespace
 
 template <int kEpt, int kTpr>
-__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt>)
-kernel_cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+__global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt, kTpr>)
+kernel_cake_rmsnorm_det_train_834698f8832921148d0c_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
   cake::rmsnorm::forward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
-kernel_cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+kernel_cake_rmsnorm_det_train_834698f8832921148d0c_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
   cake::rmsnorm::backward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_rmsnorm_det_train_834698f8832921148d0c_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+cudaError_t cake_rmsnorm_det_train_834698f8832921148d0c_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config, Config::kForwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
-                                         kernel_cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_forward<I::ept, I::tpr>>(p, stream);
+                                         kernel_cake_rmsnorm_det_train_834698f8832921148d0c_forward<I::ept, I::tpr>>(p, stream);
   });
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_rmsnorm_det_train_834698f8832921148d0c_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   return cake::rmsnorm::with_instance<Config, Config::kBackwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
-                                          kernel_cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_backward<I::ept, I::tpr>>(p, ctas, stream);
+                                          kernel_cake_rmsnorm_det_train_834698f8832921148d0c_backward<I::ept, I::tpr>>(p, ctas, stream);
   });
 }
 
-cudaError_t cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_dweight, p, stream);
+cudaError_t cake_rmsnorm_det_train_834698f8832921148d0c_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_834698f8832921148d0c_dweight, p, stream);
 }
 
-int64_t cake_gated_rmsnorm_det_train_1b9e313466c568a9d97a_backward_rows_per_cta(int64_t rows) {
+int64_t cake_rmsnorm_det_train_834698f8832921148d0c_backward_rows_per_cta(int64_t rows) {
   return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }
