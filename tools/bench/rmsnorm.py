@@ -57,6 +57,7 @@ for path in (REPO, REPO / "tools", REPO / "tools" / "bench"):
         sys.path.insert(0, str(path))
 
 import harness  # noqa: E402
+from tools.families.cake_rmsnorm_det_train import ONE_ROW_FORWARD_TUNING  # noqa: E402
 
 SHAPES = [(t, d) for t in (65536, 262144) for d in (1024, 2048, 4096, 8192)]
 SMALL = [(65536, 2048), (65536, 8192)]
@@ -490,6 +491,9 @@ TUNE_VARIANTS = {
     # registers (4 CTAs' bound: full occupancy, FLA's); the backward then has 8-element
     # instances too.
     "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
+    # The one-row forward (RMSNorm's table up to D = 2048) at every D: above 2048 it repeats the
+    # shape FLA's and Liger's forwards have there (one row a program).
+    "one_row": dict(ONE_ROW_FORWARD_TUNING),
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 
