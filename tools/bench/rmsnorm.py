@@ -57,7 +57,8 @@ for path in (REPO, REPO / "tools", REPO / "tools" / "bench"):
         sys.path.insert(0, str(path))
 
 import harness  # noqa: E402
-from tools.families.cake_rmsnorm_det_train import ONE_ROW_FORWARD_TUNING  # noqa: E402
+from tools.families import cake_gated_rmsnorm_det_train as gated_table  # noqa: E402
+from tools.families import cake_rmsnorm_det_train as plain_table  # noqa: E402
 
 SHAPES = [(t, d) for t in (65536, 262144) for d in (1024, 2048, 4096, 8192)]
 SMALL = [(65536, 2048), (65536, 8192)]
@@ -493,7 +494,7 @@ TUNE_VARIANTS = {
     "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
     # The one-row forward (RMSNorm's table up to D = 2048) at every D: above 2048 it repeats the
     # shape FLA's and Liger's forwards have there (one row a program).
-    "one_row": dict(ONE_ROW_FORWARD_TUNING),
+    "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 
@@ -501,11 +502,8 @@ TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 def tune_band(cols: int) -> tuple:
     """The route of RMSNorm's bf16 vector program serving D = ``cols`` (the gated table has one
     band)."""
-    from tools.families import cake_rmsnorm_det_train as plain_table
-
-    return next((route["cols_min"], route["cols_max"])
-                for route, _ in plain_table.bands("bfloat16", "vector", False)
-                if route["cols_min"] <= cols <= route["cols_max"])
+    route, _ = plain_table.band("bfloat16", "vector", False, cols)
+    return route["cols_min"], route["cols_max"]
 
 
 def tune_programs(variants: dict, cols: int) -> dict:
@@ -513,9 +511,6 @@ def tune_programs(variants: dict, cols: int) -> dict:
     serving D = ``cols`` (its table's band) with the variant's knobs, JIT-compiled in parallel
     (``harness.tune_libraries``). Variants whose knobs come out the same for a family (e.g.
     bwd_stages2 is the plain table) share its program."""
-    from tools.families import cake_gated_rmsnorm_det_train as gated_table
-    from tools.families import cake_rmsnorm_det_train as plain_table
-
     out = {name: {} for name in variants}
     for key, table, gated in (("plain", plain_table, False), ("gated", gated_table, True)):
         base = dict(plain_table.tuning("bfloat16", "vector", gated, cols), CAKE_DTYPE=0, CAKE_VECTOR=1,

@@ -100,10 +100,15 @@ def bands(dtype: str, load: str, gated: bool) -> list:
             ({"cols_min": ONE_ROW_MAX_COLS + 1, "cols_max": ROUTE["cols_max"]}, {**base, **WIDE_FORWARD_TUNING})]
 
 
-def tuning(dtype: str, load: str, gated: bool, cols: int) -> dict:
-    """The tuning knobs of the program serving D = ``cols`` (see ``bands``)."""
-    return next(knobs for route, knobs in bands(dtype, load, gated)
+def band(dtype: str, load: str, gated: bool, cols: int) -> tuple:
+    """``(route, knobs)`` of the program serving D = ``cols`` (see ``bands``)."""
+    return next((route, knobs) for route, knobs in bands(dtype, load, gated)
                 if route["cols_min"] <= cols <= route["cols_max"])
+
+
+def tuning(dtype: str, load: str, gated: bool, cols: int) -> dict:
+    """The tuning knobs of the program serving D = ``cols``."""
+    return band(dtype, load, gated, cols)[1]
 
 
 def specs(gated: bool) -> tuple:
