@@ -54,8 +54,18 @@ def _trace():
 
 def test_breakdown_sums_each_calls_device_work_and_idle_time_after_the_flush():
     result = harness._breakdown(_trace(), ["a", "b"])
-    assert result["a"] == {"device_us": 120.0, "idle_us": 5.0, "kernels": 2}
-    assert result["b"] == {"device_us": 40.0, "idle_us": 30.0, "kernels": 1}
+    assert result["a"] == {"device_us": 120.0, "idle_us": 5.0, "kernels": 2,
+                           "ops_us": [100.0, 20.0], "gaps_us": [5.0]}
+    assert result["b"] == {"device_us": 40.0, "idle_us": 30.0, "kernels": 1, "ops_us": [40.0], "gaps_us": []}
+
+
+def test_breakdown_leaves_per_operation_figures_out_when_calls_differ_in_operations():
+    events = _trace()
+    extra = max(e["args"]["correlation"] for e in events if "args" in e) + 1
+    first_a = min(e["ts"] for e in events if e.get("name") == TAG + "a")
+    events += [_launch(extra, first_a + 35), _op(extra, first_a + 205, 10)]  # a third kernel, once
+    result = harness._breakdown(events, ["a"])
+    assert result["a"]["ops_us"] == [] and result["a"]["gaps_us"] == []
 
 
 def test_breakdown_counts_launches_from_other_threads_and_skips_launches_outside_calls():
@@ -64,10 +74,10 @@ def test_breakdown_counts_launches_from_other_threads_and_skips_launches_outside
         if event.get("cat") == "cuda_driver":
             event["tid"] = 2  # b's memsets now come from another thread (autograd's engine)
     result = harness._breakdown(events, ["a", "b", "c"])
-    assert result["b"] == {"device_us": 40.0, "idle_us": 30.0, "kernels": 1}
+    assert result["b"]["device_us"] == 40.0 and result["b"]["idle_us"] == 30.0
     # The flushes (launched outside every call) belong to no call; "c" never ran.
     assert result["a"]["kernels"] == 2
-    assert all(math.isnan(value) for value in result["c"].values())
+    assert all(math.isnan(result["c"][key]) for key in ("device_us", "idle_us", "kernels"))
 
 
 def test_readme_peer_table_is_the_committed_profiled_run():

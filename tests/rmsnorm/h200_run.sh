@@ -13,7 +13,8 @@
 # NCU_SHAPES (tools/bench/rmsnorm.py --once). Step time limits come from TESTS_TIMEOUT,
 # SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT, NCU_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the
 # samples per figure, TUNE_VARIANTS a comma-separated subset of the sweep; BENCH_PROFILE=1 adds
-# the bench's --profile (each call's device time and the idle time before it, from a trace).
+# the bench's --profile (each call's device time and the idle time before it, from a trace),
+# TUNE_PROFILE=1 the tune's (each call's kernels and the gaps between them).
 set -o pipefail
 export PYTHONUNBUFFERED=1 CAKE_CACHE_DIR=/tmp/cake-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -45,7 +46,7 @@ for step in $steps; do
     small) timeout ${BENCH_TIMEOUT:-100} python3 tools/bench/rmsnorm.py --iters 20 --shapes small \
              2>&1 | tee "$OUT/bench_small.log" | tail -30 ;;
     tune) timeout ${TUNE_TIMEOUT:-280} python3 tools/bench/rmsnorm.py --tune --iters ${TUNE_ITERS:-15} \
-            ${TUNE_VARIANTS:+--variants "$TUNE_VARIANTS"} --json "$OUT/tune.json" \
+            ${TUNE_VARIANTS:+--variants "$TUNE_VARIANTS"} ${TUNE_PROFILE:+--profile} --json "$OUT/tune.json" \
             2>&1 | tee "$OUT/tune.log" | tail -150 ;;
     baseline) [[ -d ${BASELINE:-} ]] || { echo "baseline: set BASELINE to a checkout"; exit 1; }
       (cd "$BASELINE" && PYTHONPATH=$PWD timeout ${TUNE_TIMEOUT:-280} python3 tools/bench/rmsnorm.py --tune \

@@ -117,7 +117,8 @@ class Bench:
         ``rounds`` flushed calls of every fn (A B B A order): name -> {"device_us": its kernels',
         copies' and memsets' summed durations, "idle_us": the time from the end of the device
         work before it (the flush) to its first kernel, "kernels": device operations per call}
-        (medians). An event time well above ``device_us`` with a large ``idle_us`` is host time
+        (medians), and per operation of a call its duration ("ops_us") and the gap to the next
+        ("gaps_us"). An event time well above ``device_us`` with a large ``idle_us`` is host time
         the flush did not hide; one whose ``device_us`` itself is larger is slower device work."""
         from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -169,19 +170,34 @@ def _breakdown(events: list, names: Sequence[str]) -> dict:
         index = owner(op)
         if index is None:
             continue
-        entry = per_call.setdefault(index, {"device_us": 0.0, "kernels": 0, "idle_us": None})
+        entry = per_call.setdefault(index, {"device_us": 0.0, "kernels": 0, "idle_us": None, "ops": []})
         entry["device_us"] += op["dur"]
         entry["kernels"] += 1
+        before = device[position - 1] if position else None
+        gap = op["ts"] - (before["ts"] + before["dur"]) if before else 0.0
         if entry["idle_us"] is None:
-            before = device[position - 1] if position else None
-            entry["idle_us"] = op["ts"] - (before["ts"] + before["dur"]) if before else 0.0
+            entry["idle_us"] = gap
+        else:
+            entry["ops"][-1]["gap_after"] = gap
+        entry["ops"].append({"dur": op["dur"]})
     result = {}
     for name in names:
         mine = [per_call[i] for i, call in enumerate(calls)
                 if call["name"] == f"{_CALL_TAG}{name}" and i in per_call]
         result[name] = {key: statistics.median(e[key] for e in mine) if mine else float("nan")
                         for key in ("device_us", "idle_us", "kernels")}
+        result[name].update(_op_medians(mine))
     return result
+
+
+def _op_medians(calls: list) -> dict:
+    """Per position in a call, its device operation's median duration ("ops_us") and the median
+    gap from it to the next ("gaps_us"), when every call ran the same number of operations."""
+    if not calls or len({len(e["ops"]) for e in calls}) != 1:
+        return {"ops_us": [], "gaps_us": []}
+    count = len(calls[0]["ops"])
+    return {"ops_us": [statistics.median(e["ops"][k]["dur"] for e in calls) for k in range(count)],
+            "gaps_us": [statistics.median(e["ops"][k]["gap_after"] for e in calls) for k in range(count - 1)]}
 
 
 def precompile(package_dirs: Sequence[Path], only: Callable | None = None,

@@ -678,7 +678,10 @@ def copy_at_size(bench: harness.Bench, nbytes: int, iters: int) -> float:
 
 
 def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth: float,
-             on_shape=lambda rows: None) -> list:
+             on_shape=lambda rows: None, *, profile: bool = False) -> list:
+    """Times every variant's op at every shape (interleaved, against a copy of the same bytes);
+    ``profile`` adds each call's device operations from a trace (``Bench.device_breakdown``:
+    the backward's main and weight-gradient kernels and the gap between them)."""
     import torch
 
     # One set of programs for each band of the RMSNorm table that the shapes reach (the
@@ -699,6 +702,7 @@ def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth
             runnable = {name: case.call(pair[key], op) for name, pair in programs.items()
                         if not checks[(name, key)].startswith("FAIL launch")}
             timings = bench.interleaved(runnable, iters=iters, warmup=2)
+            traced = bench.device_breakdown(runnable) if profile else {}
             copy_ms = copy_at_size(bench, nbytes, iters)
             rows.append({"T": t, "D": d, "op": op, "variant": "copy@size", "ms": copy_ms,
                          "% copy": harness.percent_of_roofline(nbytes, copy_ms, bandwidth)})
@@ -706,6 +710,13 @@ def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth
                 rows.append({"T": t, "D": d, "op": op, "variant": name, "ms": timing.median,
                              "spread": timing.spread, "check": checks[(name, key)],
                              "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth)})
+                if name in traced:
+                    split = traced[name]
+                    rows[-1].update({"device us": split["device_us"], "idle us": split["idle_us"],
+                                     "ops us": split["ops_us"], "gaps us": split["gaps_us"]})
+                    print(f"T={t} D={d} {op} {name}: ops " + " + ".join(f"{u:.1f}" for u in split["ops_us"])
+                          + " us, gaps " + " ".join(f"{u:.1f}" for u in split["gaps_us"])
+                          + f" us, idle before {split['idle_us']:.1f} us", flush=True)
         best = {}
         for r in rows:
             if (r["T"], r["D"]) == (t, d) and r["variant"] in programs:
@@ -815,7 +826,8 @@ def main(argv=None) -> int:
                              "backward twice per shape, untimed (for ncu), then exit")
     parser.add_argument("--profile", action="store_true",
                         help="peers: also trace each op's calls (device time, idle time before), "
-                             "then the host cost per call in the same process")
+                             "then the host cost per call in the same process; --tune: each "
+                             "call's kernels and the gaps between them")
     parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
     parser.add_argument("--table", type=Path, metavar="JSON",
                         help="print the peer table of a --profile run's --json file, then exit")
@@ -864,7 +876,7 @@ def main(argv=None) -> int:
                     "variants": {n: TUNE_VARIANTS[n] for n in names}, "rows": rows})
 
         rows = run_tune(shapes, {n: TUNE_VARIANTS[n] for n in names}, args.iters, bench, bandwidth,
-                        save_tune)
+                        save_tune, profile=args.profile)
         print(tune_tables(rows, bandwidth))
         return 0
     rows = run(shapes, args.iters, bench, bandwidth, save, profile=args.profile)
