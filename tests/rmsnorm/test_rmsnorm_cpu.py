@@ -96,20 +96,24 @@ def test_family_tables(name):
     family = family_table(name)
     manifest = MANIFESTS[name]
     gated = name.startswith("cake_gated")
-    # RMSNorm's 16-bit vector programs come in two D bands (their forward differs at D = 2048).
-    split = () if gated else (("bfloat16", "vector"), ("float16", "vector"))
-    assert family.name == name and len(family.specs) == len(manifest.programs) == 6 + len(split)
+    # The 16-bit vector programs come in two D bands (their forward differs at D = 4096).
+    split = (("bfloat16", "vector"), ("float16", "vector"))
+    split_routes = [(1, 4096), (4097, 16384)]
+    assert family.name == name
+    assert len(family.specs) == len(manifest.programs) == 4 + len(split) * len(split_routes)
     assert all(s.params["CAKE_GATED"] == int(gated) for s in family.specs)
     bands = _bands_by_variant(manifest.programs)
     assert set(bands) == {(d, l) for d in ("bfloat16", "float16", "float32") for l in ("vector", "scalar")}
     for variant, routes in bands.items():
-        want = [(1, 2048), (2049, 16384)] if variant in split else [(1, 16384)]
+        want = split_routes if variant in split else [(1, 16384)]
         assert routes == want, (variant, routes)
-    # The bands of a variant differ in their forward only: the same backward partition and workspace.
+    # The bands of a variant differ in their forward only: the same backward partition and
+    # workspace, and other forward knobs.
     for variant in split:
         knobs = [s.params for s in family.specs if (s.variant["dtype"], s.variant["load"]) == variant]
         backward = [{k: v for k, v in params.items() if "BACKWARD" in k} for params in knobs]
-        assert len(knobs) == 2 and backward[0] == backward[1] and knobs[0] != knobs[1]
+        assert len(knobs) == len(split_routes) and all(b == backward[0] for b in backward)
+        assert all(a != b for a, b in zip(knobs, knobs[1:]))
     for program in manifest.programs:
         assert program.entries == tuple(f"{program.library}_{e}" for e in
                                         ("digest", "abi_version", "forward", "backward",
@@ -122,7 +126,7 @@ def test_family_tables(name):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES, ids=str)
 @pytest.mark.parametrize("vector", [True, False])
-@pytest.mark.parametrize("cols", [1, 8, 2048, 2056, 16384])
+@pytest.mark.parametrize("cols", [1, 8, 4096, 4104, 16384])
 def test_route_picks_the_variant(name, dtype, vector, cols):
     problem = rmsnorm.Problem(device=torch.device("cuda", 0), dtype=dtype, rows=10, cols=cols,
                               weight_fp32=False, gated=name.startswith("cake_gated"),

@@ -488,22 +488,24 @@ TUNE_VARIANTS = {
     "fwd_cta512": {"CAKE_FORWARD_CTA_THREADS": 512},
     "fwd_weights_l1_stages3": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_STAGES": 3},
     "fwd_weights_l1_rows32": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_CTA_ROWS": 32},
-    # RMSNorm's one-row forward (the table up to D = 2048) at 8 elements a thread and 32
-    # registers (4 CTAs' bound: full occupancy, FLA's); the backward then has 8-element
-    # instances too.
+    # RMSNorm's one-row forward (the table up to D = 4096; 2048 when this ran) at 8 elements a
+    # thread and 32 registers (4 CTAs' bound: full occupancy, FLA's); the backward then has
+    # 8-element instances too.
     "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
-    # The one-row forward (RMSNorm's table up to D = 2048) at every D: above 2048 it repeats the
-    # shape FLA's and Liger's forwards have there (one row a program).
+    # The one-row forward (RMSNorm's table up to D = 4096) at every D, in both families (the
+    # gated one spills 20-56 bytes in it at 40 registers), and at 2 CTAs' register bound (64: the
+    # gated table up to D = 4096).
     "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
+    "one_row_mb2": dict(plain_table.GATED_ONE_ROW_FORWARD_TUNING),
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 
 
 def tune_band(cols: int) -> tuple:
-    """The route of RMSNorm's bf16 vector program serving D = ``cols`` (the gated table has one
-    band)."""
-    route, _ = plain_table.band("bfloat16", "vector", False, cols)
-    return route["cols_min"], route["cols_max"]
+    """The routes of both families' bf16 vector programs serving D = ``cols``: shapes with the
+    same routes share the tune's programs."""
+    routes = (plain_table.band("bfloat16", "vector", gated, cols)[0] for gated in (False, True))
+    return tuple((route["cols_min"], route["cols_max"]) for route in routes)
 
 
 def tune_programs(variants: dict, cols: int) -> dict:

@@ -7,9 +7,9 @@ Programs per (dtype, load). ``dtype`` is the dtype of x/y/dy/dx; ``load`` is ``v
 dtype, the residual (prenorm) form and the D band of the kernel instances (8 (optional), 16 or
 32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
-.. 16384, except RMSNorm's 16-bit vector ones, whose forward differs below and above D = 2048
-(two router bands, ``bands``). 3 dtypes x 2 loads = 6 variants; 8 programs here, 6 in the gated
-family. The templates are shared with ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
+.. 16384, except the 16-bit vector ones, whose forward differs below and above D = 4096 (two
+router bands, ``bands``). 3 dtypes x 2 loads = 6 variants; 8 programs in each family. The templates are shared with ``cake_gated_rmsnorm_det_train``
+(``CAKE_GATED``).
 
 Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``bands``);
 ``tools/bench/rmsnorm.py --tune`` sweeps them on a GPU, and its winners go into ``TUNING``.
@@ -27,8 +27,7 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 
 # Pipeline and launch shape of every program (meanings in the kernel template and
 # csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row, weights in
-# shared memory (RMSNorm's 16-bit vector forward differs: ONE_ROW_FORWARD_TUNING up to D = 2048,
-# WIDE_FORWARD_TUNING above).
+# shared memory (the 16-bit vector forwards differ by D band: FORWARD_BANDS).
 # Forward: 512-thread CTAs, rows through a 2-slot shared-memory ring, no register bound, CTAs of
 # about 16 rows (many waves: the block scheduler evens out the SMs). Backward: 512-thread CTAs,
 # a 2-slot ring and 64 registers a thread, so that 2 CTAs share an SM, and 528 bands: two whole
@@ -70,18 +69,27 @@ GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
 # ring slot of x and g then takes 64 KiB a 512-thread CTA (1 CTA an SM at D = 2048: 88.6% against
 # 95.6%), nor fp32 or the scalar route (not measured).
 WIDE_FORWARD_TUNING = {"CAKE_FORWARD_MAX_ROW_THREADS": 64}
-# RMSNorm's 16-bit vector forward up to D = 2048 (the FLA and Liger forwards' shape): rows of
-# up to 128 threads in 128-thread CTAs, one row step a CTA, each row in registers (no ring, no
-# next row), the weights read as 16-byte vectors through L1 (no staging a CTA), 40 registers
-# (3 CTAs' launch bound: 12 CTAs an SM). Against WIDE_FORWARD_TUNING in H200 tunes of 2026-12-02
-# (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-forward-candidate-tune.json, -forward-
-# row-ctas-vector-weights-tune.json): +2.3..4.1 points at T = 65536 and D = 1024, 2048, +1.5..2.3
-# at 262144 x 2048, level at 262144 x 1024, but 0.3..2.5 behind at T = 262144 and D = 4096,
-# 8192 and level at 65536 there: so only up to ONE_ROW_MAX_COLS.
+# The 16-bit vector forwards in the FLA and Liger forwards' shape: rows of up to 128 threads in
+# 128-thread CTAs (a row of more threads takes a CTA of its own), one row step a CTA, each row in
+# registers (no ring, no next row), the weights read as 16-byte vectors through L1 (no staging a
+# CTA), 40 registers (3 CTAs' launch bound: 12 CTAs an SM). With the ring's 32 elements a thread
+# (WIDE_FORWARD_TUNING) in H200 tunes of 2026-12-02 before the loads lost their evict-first hint,
+# it was +2.3..4.1 points of copy bandwidth at T = 65536 and D = 1024, 2048, level or behind at
+# D = 4096, 8192 (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-forward-candidate-tune.json);
+# with the default cache policy (-cache-hints-tune.json, -plain-loads-bands-tune.json) it gains
+# 3.4..5 points over the ring at D = 4096, but is level to 1.2 behind it at D = 8192.
 ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
                           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 128,
                           "CAKE_FORWARD_CTA_ROWS": 1, "CAKE_FORWARD_MIN_BLOCKS": 3}
-ONE_ROW_MAX_COLS = 2048
+# The gated forward in that shape spills at 40 registers (20-56 bytes); at 64 (2 CTAs' bound) it
+# does not, and gains 2.0..4.3 points over the gated ring at D = 1024 .. 4096, but is 4.3..6.4
+# behind it at D = 8192, where a row takes a 512-thread CTA and 2 fit an SM (3 at 40 registers).
+GATED_ONE_ROW_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
+ONE_ROW_MAX_COLS = 4096
+# Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
+# shape up to ONE_ROW_MAX_COLS, the ring above (the gated family's with the table's knobs).
+FORWARD_BANDS = {False: ((ONE_ROW_MAX_COLS, ONE_ROW_FORWARD_TUNING), (16384, WIDE_FORWARD_TUNING)),
+                 True: ((ONE_ROW_MAX_COLS, GATED_ONE_ROW_FORWARD_TUNING), (16384, {}))}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
 # spills at 64).
@@ -94,10 +102,13 @@ def bands(dtype: str, load: str, gated: bool) -> list:
     every band (its workspace and partition follow them)."""
     base = {**TUNING, **(GATED_TUNING if gated else {}),
             **(WIDE_BACKWARD_TUNING if load == "scalar" or dtype == "float32" else {})}
-    if gated or load != "vector" or dtype == "float32":
+    if load != "vector" or dtype == "float32":
         return [(dict(ROUTE), base)]
-    return [({"cols_min": ROUTE["cols_min"], "cols_max": ONE_ROW_MAX_COLS}, {**base, **ONE_ROW_FORWARD_TUNING}),
-            ({"cols_min": ONE_ROW_MAX_COLS + 1, "cols_max": ROUTE["cols_max"]}, {**base, **WIDE_FORWARD_TUNING})]
+    out, cols_min = [], ROUTE["cols_min"]
+    for cols_max, forward in FORWARD_BANDS[gated]:
+        out.append(({"cols_min": cols_min, "cols_max": cols_max}, {**base, **forward}))
+        cols_min = cols_max + 1
+    return out
 
 
 def band(dtype: str, load: str, gated: bool, cols: int) -> tuple:

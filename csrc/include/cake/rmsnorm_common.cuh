@@ -95,7 +95,7 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kBackwardMaxRowThreads the same for the backward
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
-//   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned streaming loads
+//   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned loads and copies
 //   kForwardWeights      where forward instances below kMaxEpt read the weights from: 0 shared
 //                        memory, 1 registers, 2 global memory through L1 (weight_source)
 //   kBackwardWeights     the same for the backward
@@ -218,20 +218,24 @@ __device__ __forceinline__ Pack<T> zero_pack() {
   return out;
 }
 
-// The pack at `p` with `valid` (>= 1) elements left in its row. Aligned: one streaming 16-byte
-// load (evict first) with the L2 prefetch size hint kL2; unaligned: element loads through L1 (a
-// warp's loads of one pack element touch every line its next ones need), zeros past the row.
+// The pack at `p` with `valid` (>= 1) elements left in its row. Aligned: one 16-byte load with
+// the default cache policy and the L2 prefetch size hint kL2 (the evict-first form, ld.global.cs,
+// measured level to 2.4 points of copy bandwidth slower in the one-row forward on the H200:
+// tools/bench/results/2026-12-02-h200-rmsnorm-cache-hints-tune.json); unaligned: element loads
+// through L1 (a warp's loads of one pack element touch every line its next ones need), zeros past
+// the row.
 template <typename T, bool kAligned, int kL2 = 0>
 __device__ __forceinline__ Pack<T> load_pack(const T* p, int valid) {
   Pack<T> out;
   if constexpr (kAligned && kL2 == 128) {
-    asm("ld.global.cs.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
   } else if constexpr (kAligned && kL2 == 256) {
-    asm("ld.global.cs.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
   } else if constexpr (kAligned) {
-    out.set_raw(__ldcs(reinterpret_cast<const uint4*>(p)));
+    asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
   } else if constexpr (sizeof(T) == 4) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) out.w[v] = v < valid ? __ldg(reinterpret_cast<const unsigned*>(p) + v) : 0u;
