@@ -53,6 +53,7 @@ def main() -> int:
         run(family, 17, 5120, dtype=torch.float16)                 # tpr 320
         run(family, 19, 3000, residual=True)                       # one-row forward, any width
         run(family, 300, 4096, dtype=torch.float16)                # one-row forward, 300 CTAs
+        run(family, 40, 8192, residual=True)                       # gated: one-row, 512 a row
         run(family, 9, 16384, residual=True, grad_weight=True)     # wide
         run(family, 5, 12000, dtype=torch.float32)                 # wide, fp32
         run(family, 1100, 64)                                      # 69 bands, last one partial

@@ -81,7 +81,8 @@ def _elems_per_thread(cols: int, min_ept: int, max_row: int) -> int:
 def _expected_instances(params: dict) -> set:
     """(direction, elements a thread, fixed row width or 0) of every kernel instance the
     program's table calls for: each D band's run-time-width instance and, on the vector route,
-    the power-of-two widths of 64-512 threads whose widest D falls in that band."""
+    the power-of-two widths of 64-512 threads (forward: from CAKE_FORWARD_MIN_ROW_THREADS) whose
+    widest D falls in that band."""
     min_ept = params["CAKE_MIN_ELEMS_PER_THREAD"]
     epts = [e for e in (8, 16, 32) if e >= min_ept]
     expected = set()
@@ -89,7 +90,8 @@ def _expected_instances(params: dict) -> set:
         max_row = params[f"CAKE_{direction.upper()}_MAX_ROW_THREADS"]
         for ept in epts:
             expected.add((direction, ept, 0))
-            for tpr in (64, 128, 256, 512) if params["CAKE_VECTOR"] else ():
+            min_row = params["CAKE_FORWARD_MIN_ROW_THREADS"] if direction == "forward" else 64
+            for tpr in (t for t in (64, 128, 256, 512) if t >= min_row) if params["CAKE_VECTOR"] else ():
                 cols = ept * tpr
                 if cols <= _MAX_COLS and _elems_per_thread(cols, min_ept, max_row) == ept:
                     expected.add((direction, ept, tpr))

@@ -493,10 +493,10 @@ TUNE_VARIANTS = {
     # 8-element instances too.
     "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
     # The one-row forward (RMSNorm's table up to D = 4096) at every D, in both families (the
-    # gated one spills 20-56 bytes in it at 40 registers), and at 2 CTAs' register bound (64: the
-    # gated table up to D = 4096).
+    # gated one spills at D = 2048 in it), and at 2 CTAs' register bound (64: the gated table up
+    # to D = 2048).
     "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
-    "one_row_mb2": dict(plain_table.GATED_ONE_ROW_FORWARD_TUNING),
+    "one_row_mb2": dict(plain_table.GATED_ONE_ROW_NARROW_TUNING),
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 

@@ -7,8 +7,9 @@ Programs per (dtype, load). ``dtype`` is the dtype of x/y/dy/dx; ``load`` is ``v
 dtype, the residual (prenorm) form and the D band of the kernel instances (8 (optional), 16 or
 32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
-.. 16384, except the 16-bit vector ones, whose forward differs below and above D = 4096 (two
-router bands, ``bands``). 3 dtypes x 2 loads = 6 variants; 8 programs in each family. The templates are shared with ``cake_gated_rmsnorm_det_train``
+.. 16384, except the 16-bit vector ones, whose forward differs by D band (router bands,
+``bands``: D <= 4096 and above here, D <= 2048, <= 8192 and above in the gated family). 3 dtypes x
+2 loads = 6 variants; 8 programs here, 10 in the gated family. The templates are shared with ``cake_gated_rmsnorm_det_train``
 (``CAKE_GATED``).
 
 Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``bands``);
@@ -51,7 +52,7 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # included (it lost 4-6 there before).
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
-          "CAKE_FORWARD_CTA_THREADS": 512,
+          "CAKE_FORWARD_MIN_ROW_THREADS": 64, "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
           "CAKE_BACKWARD_BANDS": 528, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_MIN_BLOCKS": 2}
@@ -81,15 +82,18 @@ WIDE_FORWARD_TUNING = {"CAKE_FORWARD_MAX_ROW_THREADS": 64}
 ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
                           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 128,
                           "CAKE_FORWARD_CTA_ROWS": 1, "CAKE_FORWARD_MIN_BLOCKS": 3}
-# The gated forward in that shape spills at 40 registers (20-56 bytes); at 64 (2 CTAs' bound) it
-# does not, and gains 2.0..4.3 points over the gated ring at D = 1024 .. 4096, but is 4.3..6.4
-# behind it at D = 8192, where a row takes a 512-thread CTA and 2 fit an SM (3 at 40 registers).
-GATED_ONE_ROW_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
-ONE_ROW_MAX_COLS = 4096
+# The gated forward in that shape: its 128-thread rows (D = 2048) spill at 40 registers, so up to
+# D = 2048 it takes 64 (2 CTAs' bound: +2.0..4.3 points over the gated ring at D = 1024, 2048);
+# above, at 40 (rows of 256 and 512 threads; no instance of narrower fixed rows, which it would
+# not run), where a 512-thread row's CTAs fit 3 an SM instead of 2: +4.3..5.7 points over the
+# ring at D = 8192 (the H200 tunes above had 20 bytes spilled there, since gone).
+GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
+GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 256}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
-# shape up to ONE_ROW_MAX_COLS, the ring above (the gated family's with the table's knobs).
-FORWARD_BANDS = {False: ((ONE_ROW_MAX_COLS, ONE_ROW_FORWARD_TUNING), (16384, WIDE_FORWARD_TUNING)),
-                 True: ((ONE_ROW_MAX_COLS, GATED_ONE_ROW_FORWARD_TUNING), (16384, {}))}
+# shape up to D = 4096 (RMSNorm) or 8192 (gated), the ring above (the gated family's with the
+# table's knobs).
+FORWARD_BANDS = {False: ((4096, ONE_ROW_FORWARD_TUNING), (16384, WIDE_FORWARD_TUNING)),
+                 True: ((2048, GATED_ONE_ROW_NARROW_TUNING), (8192, GATED_ONE_ROW_WIDE_TUNING), (16384, {}))}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
 # spills at 64).

@@ -142,6 +142,7 @@ inline int forward_entry(const ProgramShape& shape, const Launchers& launch, con
   p.weight_fp32 = static_cast<int32_t>(weight_fp32);
   p.eps = eps;
   p.weight_offset = weight_offset;
+  p.inv_cols = 1.0f / static_cast<float>(cols);
   return launched(launch.forward(p, static_cast<cudaStream_t>(stream)), error, error_len, "forward launch");
 }
 
@@ -201,6 +202,7 @@ inline int backward_entry(const ProgramShape& shape, const Launchers& launch, co
     p.cols_padded = padded;
     p.weight_fp32 = static_cast<int32_t>(weight_fp32);
     p.weight_offset = weight_offset;
+    p.inv_cols = 1.0f / static_cast<float>(cols);
     const int status = launched(launch.backward(p, ctas, s), error, error_len, "backward launch");
     if (status != kOk) return status;
   }

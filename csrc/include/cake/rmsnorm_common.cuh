@@ -67,6 +67,8 @@ constexpr int kMaxCtaThreads = 512;
 constexpr int kMaxCols = 16384;
 // The widest instance: 32 elements a thread, so D <= 32 * 512.
 constexpr int kMaxEpt = 32;
+// The narrowest row group with a fixed-width instance (with_instance).
+constexpr int kMinFixedRowThreads = 64;
 static_assert(kMaxEpt * kMaxCtaThreads >= kMaxCols, "the widest instance must cover kMaxCols");
 // Ring depth bounds, and the shared memory a CTA may take: the ring gets the asked slots while
 // they fit, with the weights and sums beside it, in kStageBudget (two such CTAs share an SM),
@@ -93,6 +95,9 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kForwardMaxRowThreads  32 to 512 (a power of two): the widest row group a forward instance
 //                        below kMaxEpt may use (fewer threads a row: more elements a thread)
 //   kBackwardMaxRowThreads the same for the backward
+//   kForwardMinRowThreads  64 to 512 (a power of two): the narrowest fixed-width row group a
+//                        forward instance takes (narrower rows run the run-time-width instance):
+//                        a program serving only wide D then compiles no instance it never runs
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
 //   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned loads and copies
@@ -117,6 +122,7 @@ __host__ __device__ constexpr bool valid_config() {
   return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
          Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
          valid_max_row_threads(Cfg::kForwardMaxRowThreads) && valid_max_row_threads(Cfg::kBackwardMaxRowThreads) &&
+         Cfg::kForwardMinRowThreads >= kMinFixedRowThreads && valid_max_row_threads(Cfg::kForwardMinRowThreads) &&
          valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
@@ -140,6 +146,8 @@ struct ForwardParams {
   int32_t weight_fp32;
   float eps;
   float weight_offset;
+  float inv_cols;        // 1 / cols, rounded as the device's division would (set by the binding:
+                         // a constant, where a division in the kernel holds a register a row)
 };
 
 struct BackwardParams {
@@ -161,6 +169,7 @@ struct BackwardParams {
   int32_t stages;        // set by the launcher
   int32_t weight_fp32;
   float weight_offset;
+  float inv_cols;        // 1 / cols (as ForwardParams)
 };
 
 struct DweightParams {
@@ -833,7 +842,7 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
   const T* gate = static_cast<const T*>(p.gate);
   T* y = static_cast<T*>(p.y);
   T* residual_out = static_cast<T*>(p.residual_out);
-  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const float inv_cols = p.inv_cols;
   GroupSum group_sum(tpr, group, scratch);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
   int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
@@ -950,7 +959,7 @@ __device__ __forceinline__ void forward_staged(const ForwardParams& p) {
 
   T* y = static_cast<T*>(p.y);
   T* residual_out = static_cast<T*>(p.residual_out);
-  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const float inv_cols = p.inv_cols;
   // The CTA's rows: first + k * stride + group (grid-stride, k = 0, 1, ...).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * groups;
@@ -1207,7 +1216,7 @@ __device__ __forceinline__ void backward_registers(const BackwardParams& p) {
   const T* s_in = static_cast<const T*>(p.s);
   const T* gate = static_cast<const T*>(p.gate);
   const T* dy_in = static_cast<const T*>(p.dy);
-  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const float inv_cols = p.inv_cols;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
   GroupSum group_sum(tpr, group, scratch);
@@ -1298,7 +1307,7 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
                                             stages * rstd_slot);
   DW dw(dw_in_shared<T, kEpt, kGated>() ? dw_sums : nullptr, tpr, group, lane);
 
-  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const float inv_cols = p.inv_cols;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
   // The CTA's rows: begin + k * groups + group, below end.
@@ -1445,10 +1454,10 @@ constexpr bool reachable_width(int ept, int tpr) {
 
 // Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction whose row groups
 // take at most kMaxRow threads below kMaxEpt. The aligned route has fixed-width instances for
-// the power-of-two row groups of 64 to 512 threads that the direction reaches (at 16 elements
-// a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384); any other width runs
-// the run-time one.
-template <class Cfg, int kMaxRow, bool kAligned, typename F>
+// the power-of-two row groups of kMinRow (at least 64) to 512 threads that the direction
+// reaches (at 16 elements a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384);
+// any other width runs the run-time one.
+template <class Cfg, int kMaxRow, int kMinRow, bool kAligned, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
   const int ept = elems_per_thread<Cfg::kMinEpt, kMaxRow>(cols);
   const int tpr = threads_per_row(cols, ept);
@@ -1458,13 +1467,14 @@ inline cudaError_t with_instance(int cols, F&& f) {
     cudaError_t status = cudaSuccess;
     const auto fixed = [&](auto width) {
       constexpr int kTpr = decltype(width)::value;
-      if constexpr (kAligned && reachable_width<Cfg::kMinEpt, kMaxRow>(kEpt, kTpr)) {
+      if constexpr (kAligned && kTpr >= kMinRow && reachable_width<Cfg::kMinEpt, kMaxRow>(kEpt, kTpr)) {
         if (tpr == kTpr) {
           status = f(Instance<kEpt, kTpr>{});
           launched = true;
         }
       }
     };
+    static_assert(kMinFixedRowThreads == 64, "the widths below start at kMinFixedRowThreads");
     fixed(std::integral_constant<int, 64>{});
     fixed(std::integral_constant<int, 128>{});
     fixed(std::integral_constant<int, 256>{});

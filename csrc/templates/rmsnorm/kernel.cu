@@ -7,8 +7,8 @@
 // loads (D a multiple of 16 / sizeof(T), 16-byte aligned tensors), 0 for element loads (any D).
 // Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
-// CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS, CAKE_{FORWARD,BACKWARD}_CTA_THREADS,
-// CAKE_L2_PREFETCH,
+// CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS, CAKE_FORWARD_MIN_ROW_THREADS,
+// CAKE_{FORWARD,BACKWARD}_CTA_THREADS, CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
 // the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
@@ -28,6 +28,7 @@
 #define CAKE_MIN_ELEMS_PER_THREAD 16
 #define CAKE_FORWARD_MAX_ROW_THREADS 512
 #define CAKE_BACKWARD_MAX_ROW_THREADS 512
+#define CAKE_FORWARD_MIN_ROW_THREADS 64
 #define CAKE_FORWARD_CTA_THREADS 256
 #define CAKE_BACKWARD_CTA_THREADS 256
 #define CAKE_L2_PREFETCH 0
@@ -61,6 +62,7 @@ struct Config {
   static constexpr int kMinEpt = CAKE_MIN_ELEMS_PER_THREAD;
   static constexpr int kForwardMaxRowThreads = CAKE_FORWARD_MAX_ROW_THREADS;
   static constexpr int kBackwardMaxRowThreads = CAKE_BACKWARD_MAX_ROW_THREADS;
+  static constexpr int kForwardMinRowThreads = CAKE_FORWARD_MIN_ROW_THREADS;
   static constexpr int kForwardCtaThreads = CAKE_FORWARD_CTA_THREADS;
   static constexpr int kBackwardCtaThreads = CAKE_BACKWARD_CTA_THREADS;
   static constexpr int kL2Prefetch = CAKE_L2_PREFETCH;
@@ -102,7 +104,8 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 }
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config, Config::kForwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
+  constexpr int kMaxRow = Config::kForwardMaxRowThreads, kMinRow = Config::kForwardMinRowThreads;
+  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                          kernel_cake_library_forward<I::ept, I::tpr>>(p, stream);
@@ -111,7 +114,8 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  return cake::rmsnorm::with_instance<Config, Config::kBackwardMaxRowThreads, kAligned>(p.cols, [&](auto instance) {
+  constexpr int kMaxRow = Config::kBackwardMaxRowThreads, kMinRow = cake::rmsnorm::kMinFixedRowThreads;
+  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                           kernel_cake_library_backward<I::ept, I::tpr>>(p, ctas, stream);
