@@ -497,6 +497,13 @@ TUNE_VARIANTS = {
     # to D = 2048).
     "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
     "one_row_mb2": dict(plain_table.GATED_ONE_ROW_NARROW_TUNING),
+    # More bytes in flight an SM for RMSNorm's one-row forward at D = 8192 (a 512-thread row,
+    # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers; 32 elements a thread in 256-thread
+    # rows (48 registers); or 4 rows a CTA with the next row in registers (56, 2 CTAs' bound).
+    "one_row_mb4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MIN_BLOCKS=4),
+    "one_row_row256": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256),
+    "one_row_rows4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_CTA_ROWS=4,
+                          CAKE_FORWARD_MIN_BLOCKS=2),
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 

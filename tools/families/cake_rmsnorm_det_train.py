@@ -8,8 +8,8 @@ dtype, the residual (prenorm) form and the D band of the kernel instances (8 (op
 32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
 .. 16384, except the 16-bit vector ones, whose forward differs by D band (router bands,
-``bands``: D <= 4096 and above here, D <= 2048, <= 8192 and above in the gated family). 3 dtypes x
-2 loads = 6 variants; 8 programs here, 10 in the gated family. The templates are shared with ``cake_gated_rmsnorm_det_train``
+``bands``: D <= 4096, <= 8192 and above here, D <= 2048, <= 8192 and above in the gated family).
+3 dtypes x 2 loads = 6 variants; 10 programs in each family. The templates are shared with ``cake_gated_rmsnorm_det_train``
 (``CAKE_GATED``).
 
 Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``bands``);
@@ -88,11 +88,17 @@ ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
 # not run), where a 512-thread row's CTAs fit 3 an SM instead of 2: +4.3..5.7 points over the
 # ring at D = 8192 (the H200 tunes above had 20 bytes spilled there, since gone).
 GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
+# RMSNorm's one-row forward above D = 4096 at 32 registers (4 CTAs' bound: four 512-thread rows
+# an SM), its fixed-width rows of 512 threads only (at 32, 128-thread rows spill): at D = 8192
+# 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4 at 40
+# registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json).
+ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4,
+                               "CAKE_FORWARD_MIN_ROW_THREADS": 512}
 GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 256}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
-# shape up to D = 4096 (RMSNorm) or 8192 (gated), the ring above (the gated family's with the
-# table's knobs).
-FORWARD_BANDS = {False: ((4096, ONE_ROW_FORWARD_TUNING), (16384, WIDE_FORWARD_TUNING)),
+# shape up to D = 8192, the ring above (the gated family's with the table's knobs).
+FORWARD_BANDS = {False: ((4096, ONE_ROW_FORWARD_TUNING), (8192, ONE_ROW_WIDE_FORWARD_TUNING),
+                         (16384, WIDE_FORWARD_TUNING)),
                  True: ((2048, GATED_ONE_ROW_NARROW_TUNING), (8192, GATED_ONE_ROW_WIDE_TUNING), (16384, {}))}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
