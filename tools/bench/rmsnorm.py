@@ -492,13 +492,14 @@ TUNE_VARIANTS = {
     # thread and 32 registers (4 CTAs' bound: full occupancy, FLA's); the backward then has
     # 8-element instances too.
     "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
-    # The one-row forward (RMSNorm's table up to D = 4096) at every D, in both families (the
-    # gated one spills at D = 2048 in it), and at 2 CTAs' register bound (64: the gated table up
-    # to D = 2048).
+    # The one-row forward at 40 registers (RMSNorm's table up to D = 4096) at every D, in both
+    # families (the gated one spills at D = 2048 in it), and at 2 CTAs' register bound (64: the
+    # gated table up to D = 2048).
     "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
     "one_row_mb2": dict(plain_table.GATED_ONE_ROW_NARROW_TUNING),
     # More bytes in flight an SM for RMSNorm's one-row forward at D = 8192 (a 512-thread row,
-    # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers; 32 elements a thread in 256-thread
+    # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers (the table at D = 4097 .. 8192 since
+    # this sweep, there with its 512-thread fixed rows only); 32 elements a thread in 256-thread
     # rows (48 registers); or 4 rows a CTA with the next row in registers (56, 2 CTAs' bound).
     "one_row_mb4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MIN_BLOCKS=4),
     "one_row_row256": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256),
