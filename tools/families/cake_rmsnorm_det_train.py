@@ -9,8 +9,8 @@ dtype, the residual (prenorm) form and the D band of the kernel instances (8 (op
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
 .. 16384, except the 16-bit vector ones, whose forward differs by D band (router bands,
 ``bands``: D <= 4096, <= 8192 and above here, D <= 2048, <= 8192 and above in the gated family).
-3 dtypes x 2 loads = 6 variants; 10 programs in each family. The templates are shared with ``cake_gated_rmsnorm_det_train``
-(``CAKE_GATED``).
+3 dtypes x 2 loads = 6 variants; 10 programs in each family. The templates are shared with
+``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 
 Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``bands``);
 ``tools/bench/rmsnorm.py --tune`` sweeps them on a GPU, and its winners go into ``TUNING``.
