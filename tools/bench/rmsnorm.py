@@ -29,8 +29,9 @@ buffers (kernels only), interleaved A B B A per op; the table variant's outputs 
 float64 (sampled rows; dweight in full), every other variant's against the table's (bitwise, or
 within a sanity bound), outputs poisoned before. It prints, per op, % of copy bandwidth per
 variant and shape, the kernels before the shared-memory ring ("prev", from
-``tools/bench/results/2026-11-29-h200-rmsnorm.json``) and a copy of the same bytes ("copy@size",
-the small shapes' ceiling under this protocol).
+``tools/bench/results/2026-11-29-h200-rmsnorm.json``), a copy of the same bytes ("copy@size",
+the small shapes' ceiling under this protocol) and, for bwd and gated fwd (two bytes read for one
+written), an elementwise add of the same bytes ("add@size": that mix's ceiling).
 
 Peers: ``torch.nn.functional.rms_norm`` eager and ``torch.compile``d (gated: ``F.rms_norm(x) *
 F.silu(g)``, eager and compiled), FLA fla-core 0.6.0 ``fla.modules.norm.layernorm.rms_norm``
@@ -505,6 +506,10 @@ TUNE_VARIANTS = {
     "one_row_row256": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256),
     "one_row_rows4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_CTA_ROWS=4,
                           CAKE_FORWARD_MIN_BLOCKS=2),
+    # The 32-register one-row forward (RMSNorm's table at D = 4097 .. 8192) with fixed rows of
+    # 256 threads too (D = 4096: 8 rows an SM instead of 6 at 40 registers; 128-thread rows
+    # spill at 32).
+    "one_row_wide_row256": dict(plain_table.ONE_ROW_WIDE_FORWARD_TUNING, CAKE_FORWARD_MIN_ROW_THREADS=256),
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 
@@ -687,6 +692,20 @@ def copy_at_size(bench: harness.Bench, nbytes: int, iters: int) -> float:
     return bench.time(lambda: dst.copy_(src), warmup=2, iters=iters).median
 
 
+# Ops that read two bytes for each byte they write (bwd: x, dy -> dx; gated fwd: x, g -> y): the
+# tune also times an elementwise add of the same bytes, the copy's counterpart for that mix.
+TWO_READS_ONE_WRITE = ("bwd", "gated fwd")
+REFERENCES = ("copy@size", "add@size")  # the tune's rows that time no variant
+
+
+def add_at_size(bench: harness.Bench, nbytes: int, iters: int) -> float:
+    """ms of an elementwise add that moves `nbytes` (two tensors read, one written), same protocol."""
+    import torch
+
+    a, b, out = (torch.empty(nbytes // 6, dtype=torch.int16, device="cuda") for _ in range(3))
+    return bench.time(lambda: torch.add(a, b, out=out), warmup=2, iters=iters).median
+
+
 def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth: float,
              on_shape=lambda rows: None, *, profile: bool = False) -> list:
     """Times every variant's op at every shape (interleaved, against a copy of the same bytes);
@@ -716,6 +735,10 @@ def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth
             copy_ms = copy_at_size(bench, nbytes, iters)
             rows.append({"T": t, "D": d, "op": op, "variant": "copy@size", "ms": copy_ms,
                          "% copy": harness.percent_of_roofline(nbytes, copy_ms, bandwidth)})
+            if op in TWO_READS_ONE_WRITE:
+                add_ms = add_at_size(bench, nbytes, iters)
+                rows.append({"T": t, "D": d, "op": op, "variant": "add@size", "ms": add_ms,
+                             "% copy": harness.percent_of_roofline(nbytes, add_ms, bandwidth)})
             for name, timing in timings.items():
                 rows.append({"T": t, "D": d, "op": op, "variant": name, "ms": timing.median,
                              "spread": timing.spread, "check": checks[(name, key)],
@@ -784,14 +807,15 @@ def previous_ms(path: Path = REPO / "tools" / "bench" / "results" / "2026-11-29-
 def tune_tables(rows: list, bandwidth: float) -> str:
     """Per op: % of copy per variant (rows) and shape (columns), the best per shape marked *;
     a cell ends in ! when the variant's outputs failed the check. Also the kernels before the
-    ring ("prev", from the last full run) and a copy of the same bytes ("copy@size")."""
+    ring ("prev", from the last full run), a copy of the same bytes ("copy@size") and, for the
+    ops that read two bytes a byte written, an add ("add@size")."""
     shapes = sorted({(r["T"], r["D"]) for r in rows})
     previous = previous_ms()
     lines = []
     for op in TUNE_OPS:
         cells = {(r["variant"], r["T"], r["D"]): r for r in rows if r["op"] == op}
         names = list(dict.fromkeys(r["variant"] for r in rows if r["op"] == op))
-        best = {s: max((c for (n, *k), c in cells.items() if tuple(k) == s and n != "copy@size"),
+        best = {s: max((c for (n, *k), c in cells.items() if tuple(k) == s and n not in REFERENCES),
                        key=lambda c: c["% copy"], default=None) for s in shapes}
         lines.append(f"\n{op}: % of copy bandwidth ({bandwidth / 1e12:.3f} TB/s); * best, ! check failed")
         lines.append("| variant | " + " | ".join(f"{t}x{d}" for t, d in shapes) + " |")
