@@ -49,7 +49,7 @@ def main() -> int:
         run(family, 53, 127, dtype=torch.float16, weight_fp32=True)
         run(family, 45, 1024, misaligned=True, grad_weight=True)
         run(family, 70, 512, dtype=torch.float32, residual=True)   # tpr 32
-        run(family, 33, 2048, residual=True, weight_fp32=True)     # tpr 128, 2 groups
+        run(family, 33, 2048, residual=True, weight_fp32=True)     # tpr 128, backward: 4 groups
         run(family, 17, 5120, dtype=torch.float16)                 # tpr 320
         run(family, 19, 3000, residual=True)                       # one-row forward, any width
         run(family, 300, 4096, dtype=torch.float16)                # one-row forward, 300 CTAs
@@ -57,7 +57,7 @@ def main() -> int:
         run(family, 9, 16384, residual=True, grad_weight=True)     # wide
         run(family, 5, 12000, dtype=torch.float32)                 # wide, fp32
         run(family, 1100, 64)                                      # 69 bands, last one partial
-        run(family, 5000, 1024, residual=True)                     # 2-4 steps a CTA
+        run(family, 5000, 1024, residual=True)                     # 2-4 steps a CTA, 8 groups
         run(family, 3, 16384, misaligned=True, residual=True)      # unaligned, wide
         run(family, 5, 8199, dtype=torch.float32)                  # unaligned fp32 (cp.async), wide
     torch.cuda.synchronize()

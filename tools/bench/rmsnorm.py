@@ -476,6 +476,9 @@ TUNE_VARIANTS = {
     "bwd_row256": {"CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     "bwd_row128": {"CAKE_BACKWARD_MAX_ROW_THREADS": 128},
     "bwd_row64": {"CAKE_BACKWARD_MAX_ROW_THREADS": 64},
+    # One-warp rows (no barrier in the row sums): 32 elements a thread from D = 1024 up, one
+    # CTA an SM: 40-74% of copy (tools/bench/results/2026-12-02-h200-rmsnorm-group-barriers-ab.txt).
+    "bwd_row32": {"CAKE_BACKWARD_MAX_ROW_THREADS": 32},
     "cta128": {"CAKE_FORWARD_CTA_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128},
     # 512 threads both ways: the table since 2026-12-01 (with its bands), so cta512 repeats it.
     "cta512": {"CAKE_FORWARD_CTA_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512},
@@ -508,7 +511,8 @@ TUNE_VARIANTS = {
                           CAKE_FORWARD_MIN_BLOCKS=2),
     # The 32-register one-row forward (RMSNorm's table at D = 4097 .. 8192) with fixed rows of
     # 256 threads too (D = 4096: 8 rows an SM instead of 6 at 40 registers; 128-thread rows
-    # spill at 32).
+    # spill at 32): 0.9-1.0 points behind the table at D = 4096
+    # (tools/bench/results/2026-12-02-h200-rmsnorm-dweight-dependent-launch-tune.json).
     "one_row_wide_row256": dict(plain_table.ONE_ROW_WIDE_FORWARD_TUNING, CAKE_FORWARD_MIN_ROW_THREADS=256),
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")

@@ -390,13 +390,22 @@ struct Shape {
 // Sums over each row group of `tpr` threads: every thread of a group gets the same bits
 // (butterfly order within a warp, then the group's warps in order; IEEE addition commutes).
 // Made once per thread, so that what depends only on the thread stays out of the row loop.
-// Every thread of the CTA must call it the same number of times. `scratch` holds 2 * 32
+// A group wider than a warp meets its other warps at a barrier: with kGroupBarriers a named
+// barrier of its own (id 1 + group; 0 is __syncthreads'), so that row groups never wait for
+// each other, and every thread of a group must call it the same number of times; else the
+// CTA's, and every thread of the CTA must. A register barrier id reserves all 16 of the CTA's
+// barriers, which caps the CTAs an SM, so only the backward's fixed-width instances with four
+// or more row groups a CTA take named barriers (group_barriers). `scratch` holds 2 * 32
 // floats, 16-byte aligned; calls alternate between its halves, so one barrier a call suffices.
+template <bool kGroupBarriers>
 class GroupSum {
  public:
+  // Groups wider than a warp are at least 64 threads: at most this many a CTA, each a barrier.
+  static_assert(kMaxCtaThreads / 64 < 16, "a CTA has 16 named barriers");
+
   __device__ __forceinline__ GroupSum(int tpr, int group, float* scratch)
       : scratch_(scratch), width_(tpr < 32 ? tpr : 32), warps_(tpr > 32 ? tpr >> 5 : 0),
-        first_(group * (tpr >> 5)) {}
+        first_(group * (tpr >> 5)), barrier_(1 + group), threads_(tpr) {}
 
   __device__ __forceinline__ float operator()(float value) {
 #pragma unroll
@@ -407,7 +416,11 @@ class GroupSum {
     float* slots = scratch_ + half_;
     half_ ^= 32;
     if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = value;
-    __syncthreads();
+    if constexpr (kGroupBarriers) {
+      asm volatile("bar.sync %0, %1;" ::"r"(barrier_), "r"(threads_) : "memory");
+    } else {
+      __syncthreads();
+    }
     const float* mine = slots + first_;
     float total = 0.0f;
     if ((warps_ & 3) == 0) {  // the group's slots start at a multiple of 4: 16-byte reads
@@ -428,8 +441,21 @@ class GroupSum {
   int width_;  // lanes of a warp in the group
   int warps_;  // warps of a group wider than a warp, else 0
   int first_;  // the group's first warp in the CTA
+  int barrier_;  // the group's named barrier
+  int threads_;  // threads that meet there (the group's)
   int half_ = 0;
 };
+
+// Whether a backward instance's row sums take named barriers (GroupSum): its fixed-width rows
+// of 64 or 128 threads, 4 or more row groups a CTA. On the H200 (2026-12-02, tools/bench/
+// results/2026-12-02-h200-rmsnorm-group-barriers-ab.txt) named barriers measured +1.2..2.5
+// points of copy in RMSNorm's backward at T = 65536 and D = 1024, 2048 in three runs, but 0.4-3
+// behind at D = 4096 (2 groups) and 8192 (1), and cost the one-row forward (up to 16 CTAs an SM)
+// up to 36 points: there the CTA's barrier stays.
+template <int kTpr, int kCtaThreads>
+__host__ __device__ constexpr bool group_barriers() {
+  return kTpr > 32 && row_groups<kCtaThreads>(kTpr) >= 4;
+}
 
 // --------------------------------------------------------------------------- slices, weights
 
@@ -843,7 +869,7 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
   T* y = static_cast<T*>(p.y);
   T* residual_out = static_cast<T*>(p.residual_out);
   const float inv_cols = p.inv_cols;
-  GroupSum group_sum(tpr, group, scratch);
+  GroupSum<false> group_sum(tpr, group, scratch);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups;
   int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
   P s[kVpt], g[kVpt], s_next[kVpt], g_next[kVpt];
@@ -955,7 +981,7 @@ __device__ __forceinline__ void forward_staged(const ForwardParams& p) {
   const Ring<T, kAligned, kEpt> ring(smem + W::smem_bytes(tpr), kResidual + (has_residual ? 1 : 0), p.stages,
                                      shape);
   ring.zero_padding(cols);
-  GroupSum group_sum(tpr, group, scratch);
+  GroupSum<false> group_sum(tpr, group, scratch);
 
   T* y = static_cast<T*>(p.y);
   T* residual_out = static_cast<T*>(p.residual_out);
@@ -1219,7 +1245,7 @@ __device__ __forceinline__ void backward_registers(const BackwardParams& p) {
   const float inv_cols = p.inv_cols;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
   const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
-  GroupSum group_sum(tpr, group, scratch);
+  GroupSum<group_barriers<kTpr, Cfg::kBackwardCtaThreads>()> group_sum(tpr, group, scratch);
   P s[kVpt], dy[kVpt], g[kVpt];
   P s_next[kVpt], dy_next[kVpt], g_next[kVpt];
   const int64_t first = begin + group;
@@ -1297,7 +1323,7 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane);
   const Ring<T, kAligned, kEpt> ring(smem + W::smem_bytes(tpr), kTensors, stages, shape);
   ring.zero_padding(cols);
-  GroupSum group_sum(tpr, group, scratch);
+  GroupSum<group_barriers<kTpr, Cfg::kBackwardCtaThreads>()> group_sum(tpr, group, scratch);
   // The rstd ring (one float a thread a slot) follows the ring.
   const unsigned rstd_ring = ring.end() + 4 * threadIdx.x;
   // Shared-memory weight-gradient sums (if so) follow the rstd ring.
