@@ -110,3 +110,31 @@ def test_fixed_width_instances_follow_the_table(reports, name, program):
     source = (REPO / "csrc" / name / f"{program.library}_kernel.cu").read_text()
     expected = _expected_instances({key: int(value) for key, value in _PARAM_RE.findall(source)})
     assert found == expected, sorted(found ^ expected)
+
+
+_BARRIERS_RE = re.compile(r"used (\d+) barriers")
+
+
+def _barriers(report: str) -> dict:
+    """Kernel name -> the barriers ptxas reserves for it (0 when the report names none)."""
+    blocks = report.split("Compiling entry function '")[1:]
+    return {block.split("'", 1)[0]: int(m.group(1)) if (m := _BARRIERS_RE.search(block)) else 0
+            for block in blocks}
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,program", list(_programs()))
+def test_named_barriers_only_where_the_table_wants_them(reports, name, program):
+    """Row sums meet at a named barrier per row group (a register barrier id, so ptxas reserves
+    all 16) only in the backward's fixed-width rows of 64 and 128 threads with 4 or more row
+    groups a CTA; every other kernel reserves the CTA's one barrier, since the reservation caps
+    the CTAs an SM (the one-row forward fell to 59-84% of copy on the H200 with it)."""
+    source = (REPO / "csrc" / name / f"{program.library}_kernel.cu").read_text()
+    cta = int(dict(_PARAM_RE.findall(source))["CAKE_BACKWARD_CTA_THREADS"])
+    barriers = _barriers(reports[program.library])
+    assert barriers, reports[program.library]
+    for kernel, count in barriers.items():
+        instance = _INSTANCE_RE.search(kernel)
+        named = (instance is not None and instance.group(1) == "backward"
+                 and int(instance.group(3)) in (64, 128) and cta // int(instance.group(3)) >= 4)
+        assert count == (16 if named else 1), f"{kernel}: {count} barriers"
