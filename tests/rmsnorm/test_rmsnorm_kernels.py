@@ -128,7 +128,7 @@ def test_named_barriers_only_where_the_table_wants_them(reports, name, program):
     """Row sums meet at a named barrier per row group (a register barrier id, so ptxas reserves
     all 16) only in the backward's fixed-width rows of 64 and 128 threads with 4 or more row
     groups a CTA; every other kernel reserves the CTA's one barrier, since the reservation caps
-    the CTAs an SM (the one-row forward fell to 59-84% of copy on the H200 with it)."""
+    the CTAs an SM (RMSNorm's one-row forward fell to 59-84% of copy on the H200 with it)."""
     source = (REPO / "csrc" / name / f"{program.library}_kernel.cu").read_text()
     cta = int(dict(_PARAM_RE.findall(source))["CAKE_BACKWARD_CTA_THREADS"])
     barriers = _barriers(reports[program.library])
