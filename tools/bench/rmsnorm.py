@@ -458,6 +458,11 @@ TUNE_VARIANTS = {
     "cta512_bands528": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 528},
     "cta512_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 1056},
     "bands792": {"CAKE_BACKWARD_BANDS": 792},  # 3 waves for RMSNorm, 6 for the gated family
+    # A staged backward CTA's weights staged a pack at a time while its first ring copies are in
+    # flight, or an element at a time before them (RMSNorm's table overlaps, the gated one's does
+    # not: 2026-12-02, tools/bench/results/2026-12-02-h200-rmsnorm-backward-staging-ab.txt).
+    "bwd_overlap_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 1},
+    "bwd_serial_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 0},
     # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},

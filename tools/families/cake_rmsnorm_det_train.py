@@ -50,18 +50,24 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # the fixed-width row loops of 2026-12-01 (-rmsnorm-fixed-width-sweep.json) they gain RMSNorm's
 # forward 2-4 points at every shape but 65536 x 8192 and 262144 x 8192 (level), D = 1024
 # included (it lost 4-6 there before).
+# The plain backward stages its weights a pack at a time while its ring's first copies are in flight
+# (CAKE_BACKWARD_OVERLAP_STAGING): -0.1..+2.1 points of copy at T = 65536 (mean +0.8) in four A/B
+# pairs of two H200 calls of 2026-12-02, level at 262144 (-1.5..+1.5; tools/bench/results/
+# 2026-12-02-h200-rmsnorm-backward-staging-ab.txt); the gated backward lost 1.9-2.6 at D = 8192
+# with pack staging and keeps the serial one.
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
           "CAKE_FORWARD_MIN_ROW_THREADS": 64, "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
-          "CAKE_BACKWARD_BANDS": 528, "CAKE_FORWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_MIN_BLOCKS": 2}
+          "CAKE_BACKWARD_BANDS": 528, "CAKE_BACKWARD_OVERLAP_STAGING": 1, "CAKE_FORWARD_MIN_BLOCKS": 0,
+          "CAKE_BACKWARD_MIN_BLOCKS": 2}
 # The gated backward, whose ring slot holds three tensors, keeps a 3-slot ring without the
 # register bound (80-85% against 74-81%; its rows in registers measured 81-86% but spill 16
 # bytes at the 128 registers a 512-thread row allows). Its 512-thread CTAs then take an SM
 # each, so 264 bands make its two waves.
 GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
-                "CAKE_BACKWARD_BANDS": 264}
+                "CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_OVERLAP_STAGING": 0}
 # RMSNorm's 16-bit vector forward: rows of at most 64 threads below 32 elements a thread, so
 # 32 elements a thread from D = 1025 up (row groups of 64-512 threads), where 512 threads a row
 # kept 16 up to D = 8192. A row step's fixed instructions then cover twice the data: 0.6-2.2

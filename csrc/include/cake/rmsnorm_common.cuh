@@ -109,6 +109,9 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //                        row step each), so that the block scheduler evens out the SMs, which
 //                        drain DRAM at different rates (a persistent wave ends with the slowest)
 //   kBackwardBands       at most this many backward CTAs (weight-gradient partial rows)
+//   kBackwardOverlapStaging  1: a staged backward CTA stages its shared-memory weights a pack
+//                        at a time while its ring's first copies are in flight; 0: an element
+//                        at a time, before them (Weights::stage)
 __host__ __device__ constexpr bool valid_cta_threads(int threads) {
   return threads == 128 || threads == 256 || threads == 512;
 }
@@ -126,7 +129,8 @@ __host__ __device__ constexpr bool valid_config() {
          valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
-         Cfg::kBackwardWeights <= 2 && Cfg::kForwardCtaRows >= 0 && Cfg::kBackwardBands >= 1;
+         Cfg::kBackwardWeights <= 2 && Cfg::kForwardCtaRows >= 0 && Cfg::kBackwardBands >= 1 &&
+         (Cfg::kBackwardOverlapStaging == 0 || Cfg::kBackwardOverlapStaging == 1);
 }
 
 // --------------------------------------------------------------------------- parameters
@@ -510,21 +514,43 @@ class Weights {
     return kSource == WeightSource::kShared ? static_cast<size_t>(tpr) * kEpt * sizeof(float) : 0;
   }
 
-  // Every thread of the CTA constructs it (staging into shared memory ends with a barrier).
+  // Every thread of the CTA constructs it. Shared-memory weights are staged here, an element an
+  // iteration, unless `stage_now` is false: then every thread calls stage() before the first at().
   __device__ __forceinline__ Weights(float* smem, const void* weight, int weight_fp32, float offset, int cols,
-                                     int tpr, int lane)
+                                     int tpr, int lane, bool stage_now = true)
       : smem_(smem), weight_(weight), weight_fp32_(weight_fp32), offset_(offset), cols_(cols),
         vector_(kAligned && (reinterpret_cast<uintptr_t>(weight) & 15) == 0) {
     if constexpr (kSource == WeightSource::kShared) {
-      const int row_elems = tpr * kEpt;
-      for (int i = threadIdx.x; i < row_elems; i += blockDim.x) {
-        smem[i] = i < cols ? load_weight<T>(weight, weight_fp32, i) + offset : 0.0f;
+      if (stage_now) {
+        const int row_elems = tpr * kEpt;
+        for (int i = threadIdx.x; i < row_elems; i += blockDim.x) {
+          smem[i] = i < cols ? load_weight<T>(weight, weight_fp32, i) + offset : 0.0f;
+        }
+        __syncthreads();
       }
-      __syncthreads();
     } else if constexpr (kSource == WeightSource::kRegisters) {
 #pragma unroll
       for (int c = 0; c < kVpt; ++c) load(Slice<T, kEpt>::column(c, tpr, lane), reg_[c]);
     }
+  }
+
+  // Stages the weights in shared memory (then a barrier) a pack an iteration, 16-byte loads where
+  // the weight allows (the constructor's loop waits for each element's load in turn: 16 round
+  // trips a CTA at D = 8192). Every thread of the CTA calls it. (Inlined into the gated backward,
+  // it raised that kernel from 76 to 98 registers and cost it 1.9-2.6 points of copy bandwidth at
+  // D = 8192, so the constructor keeps its own loop.)
+  __device__ __forceinline__ void stage(int tpr) const {
+    static_assert(kSource == WeightSource::kShared, "only shared-memory weights are staged");
+    const int row_elems = tpr * kEpt;
+    for (int col = threadIdx.x * kVec; col < row_elems; col += blockDim.x * kVec) {
+      float w[kVec];
+      load(col, w);
+#pragma unroll
+      for (int v = 0; v < kVec; v += 4) {
+        *reinterpret_cast<float4*>(smem_ + col + v) = make_float4(w[v], w[v + 1], w[v + 2], w[v + 3]);
+      }
+    }
+    __syncthreads();
   }
 
   // The kVec weights of pack c, at column `col`.
@@ -582,7 +608,7 @@ class Weights {
   }
 
   float reg_[kSource == WeightSource::kRegisters ? kVpt : 1][kVec];
-  const float* smem_;
+  float* smem_;
   const void* weight_;
   int weight_fp32_;
   float offset_;
@@ -1320,7 +1346,14 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   const int stages = p.stages;
   using W = Weights<T, kAligned, kEpt, weight_source<T, kAligned, kEpt, kGated, Cfg, true>()>;
   char* smem = reinterpret_cast<char*>(dynamic_smem);
-  const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane);
+  // With Cfg::kBackwardOverlapStaging the weights are staged a pack at a time once the ring's
+  // first copies are on their way: every CTA of the first wave starts at once, and staging first,
+  // an element at a time, left DRAM idle for 1-10 us (tools/bench/results/2026-12-02-h200-
+  // rmsnorm-backward-bands-ab.txt).
+  constexpr bool kOverlapStaging = Cfg::kBackwardOverlapStaging != 0 &&
+                               weight_source<T, kAligned, kEpt, kGated, Cfg, true>() == WeightSource::kShared;
+  const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane,
+                  !kOverlapStaging);
   const Ring<T, kAligned, kEpt> ring(smem + W::smem_bytes(tpr), kTensors, stages, shape);
   ring.zero_padding(cols);
   GroupSum<group_barriers<kTpr, Cfg::kBackwardCtaThreads>()> group_sum(tpr, group, scratch);
@@ -1343,6 +1376,7 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   StepRows rows(begin, groups, end, cols);
   Pipeline<kAligned> pipe{end > begin ? (end - begin + groups - 1) / groups : 0, stages};
   pipe.begin(fill);
+  if constexpr (kOverlapStaging) weights.stage(tpr);
   for (int64_t step = 0; step < pipe.steps; ++step, rows.advance()) {
     pipe.before(step, fill);
     const int slot = pipe.slot;

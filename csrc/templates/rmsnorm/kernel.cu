@@ -9,7 +9,8 @@
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
 // CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS, CAKE_FORWARD_MIN_ROW_THREADS,
 // CAKE_{FORWARD,BACKWARD}_CTA_THREADS, CAKE_L2_PREFETCH,
-// CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS, and
+// CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS,
+// CAKE_BACKWARD_OVERLAP_STAGING, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
 // the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
 // that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
@@ -36,6 +37,7 @@
 #define CAKE_BACKWARD_WEIGHTS 2
 #define CAKE_FORWARD_CTA_ROWS 0
 #define CAKE_BACKWARD_BANDS 1024
+#define CAKE_BACKWARD_OVERLAP_STAGING 0
 #define CAKE_FORWARD_MIN_BLOCKS 3
 #define CAKE_BACKWARD_MIN_BLOCKS 2
 // cake:end-params
@@ -70,6 +72,7 @@ struct Config {
   static constexpr int kBackwardWeights = CAKE_BACKWARD_WEIGHTS;
   static constexpr int kForwardCtaRows = CAKE_FORWARD_CTA_ROWS;
   static constexpr int kBackwardBands = CAKE_BACKWARD_BANDS;
+  static constexpr int kBackwardOverlapStaging = CAKE_BACKWARD_OVERLAP_STAGING;
 };
 static_assert(cake::rmsnorm::valid_config<Config>(),
               "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
