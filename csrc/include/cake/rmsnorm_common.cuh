@@ -1351,7 +1351,7 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   // an element at a time, left DRAM idle for 1-10 us (tools/bench/results/2026-12-02-h200-
   // rmsnorm-backward-bands-ab.txt).
   constexpr bool kOverlapStaging = Cfg::kBackwardOverlapStaging != 0 &&
-                               weight_source<T, kAligned, kEpt, kGated, Cfg, true>() == WeightSource::kShared;
+                                   weight_source<T, kAligned, kEpt, kGated, Cfg, true>() == WeightSource::kShared;
   const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane,
                   !kOverlapStaging);
   const Ring<T, kAligned, kEpt> ring(smem + W::smem_bytes(tpr), kTensors, stages, shape);
