@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""SHA-256 of every output of both RMSNorm families over a grid of cases, one line a case.
+"""SHA-256 of every output of both RMSNorm families over a grid of cases, one line a case:
+the row outputs (y, the prenorm sum, rstd, dx, dg, dresidual), then the weight gradient apart,
+whose bits alone depend on how the backward partitions the rows.
 
     python tests/rmsnorm/output_digest.py > digest.txt
 
@@ -48,8 +50,14 @@ def case_digest(family, rows, cols, dtype, options: bool, seed: int) -> str:
     dsum = randn() if options else None
     grads = family.backward(dy, s if options else x, g, w, rstd, dsum=dsum, has_residual=options,
                             weight_offset=offset, grad_dtype=torch.float32)
+    *row_outputs, dweight = (y, s, rstd, *grads)
+    return f"{tensors_digest(row_outputs)} dweight {tensors_digest([dweight])}"
+
+
+def tensors_digest(tensors) -> str:
+    """SHA-256 of the tensors' bytes (None skipped), 16 hex digits."""
     digest = hashlib.sha256()
-    for tensor in (y, s, rstd, *grads):
+    for tensor in tensors:
         if tensor is not None:
             digest.update(tensor.contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
