@@ -64,7 +64,8 @@ class Family:
         return bands.pop()
 
     def rows_per_band(self, rows: int) -> int:
-        """Rows a backward CTA takes (the kernels' band of ``rows``)."""
+        """The kernels' band of ``rows``: the rows a backward CTA takes on average (the grid
+        has ceil(rows / band) CTAs, which take the row steps in turn)."""
         return max(MIN_ROWS_PER_BAND, -(-rows // self.backward_bands))
 
     def forward(self, x, g, w, residual=None, **kw):

@@ -8,9 +8,11 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on the st
   the sum of squares and the backward's dot product run a per-thread chain of at most 32 terms
   and a tree of at most 10 levels (< 50 u, u = 2^-24 ~ 6e-8), rsqrtf and __expf add a few ulp,
   so 2e-5 * envelope for y, rstd, dx and dg;
-* dweight is one fp32 chain per column: the rows of a CTA's band (``Family.rows_per_band``),
-  its row groups (<= 512) and the CTA partials (128 segments of <= 16, then a 7-level tree): we
-  allow (rows_per_band + 400) * 2 u of the envelope sum |dn * xhat|, at least 5e-5;
+* dweight is one fp32 chain per column: the rows a row group takes in its CTA (the CTAs take
+  steps of `groups` rows in turn: at most rows_per_band / groups + 2, ``Family.rows_per_band``),
+  the CTA's row groups (<= 512) and the CTA partials (128 segments of <= 16, then a 7-level
+  tree), so at most rows_per_band + 537 terms; we allow (rows_per_band + 400) * 2 u of the
+  envelope sum |dn * xhat|, at least 5e-5;
 * 1e-7 absolute for fp16 subnormals.
 """
 

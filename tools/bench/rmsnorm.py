@@ -463,6 +463,8 @@ TUNE_VARIANTS = {
     # not: 2026-12-02, tools/bench/results/2026-12-02-h200-rmsnorm-backward-staging-ab.txt).
     "bwd_overlap_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 1},
     "bwd_serial_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 0},
+    "bwd_interleave": {"CAKE_BACKWARD_INTERLEAVE": 1},
+    "bwd_bands": {"CAKE_BACKWARD_INTERLEAVE": 0},
     # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},

@@ -55,12 +55,18 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # pairs of two H200 calls of 2026-12-02, level at 262144 (-1.5..+1.5; tools/bench/results/
 # 2026-12-02-h200-rmsnorm-backward-staging-ab.txt); the gated backward lost 1.9-2.6 at D = 8192
 # with pack staging and keeps the serial one.
+# Both backwards deal the row steps to their CTAs in turn (CAKE_BACKWARD_INTERLEAVE) instead of
+# giving each CTA a band of consecutive rows, so that all CTAs stream through one window of the
+# tensors: in two H200 calls of 2026-12-02 (tools/bench/results/2026-12-02-h200-rmsnorm-backward-
+# interleave-tune-{1,2}.json) +1.2..3.5 points of copy for RMSNorm's backward and +0.8..3.6 for
+# the gated one at every shape; only dweight's bits change (the row outputs' digests are main's).
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
           "CAKE_FORWARD_MIN_ROW_THREADS": 64, "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
-          "CAKE_BACKWARD_BANDS": 528, "CAKE_BACKWARD_OVERLAP_STAGING": 1, "CAKE_FORWARD_MIN_BLOCKS": 0,
+          "CAKE_BACKWARD_BANDS": 528, "CAKE_BACKWARD_OVERLAP_STAGING": 1,
+          "CAKE_BACKWARD_INTERLEAVE": 1, "CAKE_FORWARD_MIN_BLOCKS": 0,
           "CAKE_BACKWARD_MIN_BLOCKS": 2}
 # The gated backward, whose ring slot holds three tensors, keeps a 3-slot ring without the
 # register bound (80-85% against 74-81%; its rows in registers measured 81-86% but spill 16

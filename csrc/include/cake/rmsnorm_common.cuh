@@ -41,9 +41,11 @@
 // partition they give the same bits.
 //
 // Determinism. Forward rows are independent, so the forward grid is free (kForwardCtaRows). The
-// weight gradient is reduced in an order fixed by (rows, cols) and the program only: CTA b owns
-// rows [b * rows_per_cta, (b + 1) * rows_per_cta) (rows_per_cta from the row count and
-// Config::kBackwardBands); its row groups take those rows round-robin and accumulate in row order
+// weight gradient is reduced in an order fixed by (rows, cols) and the program only: the grid
+// has ctas = ceil(rows / rows_per_cta) CTAs (rows_per_cta from the row count and
+// Config::kBackwardBands), and CTA b owns either the rows [b * rows_per_cta, (b + 1) *
+// rows_per_cta) or (Config::kBackwardInterleave) every ctas-th step of `groups` rows from step b
+// (BackwardSpan); its row groups take those rows round-robin and accumulate in row order
 // (WeightGrad); the groups are summed in group order through shared memory into the CTA's fp32
 // partial row of the workspace; a second kernel sums the partial rows of each column in a fixed
 // order. No atomics in the kernels; nothing depends on the device's SM count.
@@ -112,6 +114,9 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kBackwardOverlapStaging  1: a staged backward CTA stages its shared-memory weights a pack
 //                        at a time while its ring's first copies are in flight; 0: an element
 //                        at a time, before them (Weights::stage)
+//   kBackwardInterleave  0: a backward CTA takes a band of consecutive rows; 1: the CTAs take
+//                        the row steps in turn, so that they all stream through one window of
+//                        the tensors (BackwardSpan)
 __host__ __device__ constexpr bool valid_cta_threads(int threads) {
   return threads == 128 || threads == 256 || threads == 512;
 }
@@ -130,7 +135,8 @@ __host__ __device__ constexpr bool valid_config() {
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
          Cfg::kBackwardWeights <= 2 && Cfg::kForwardCtaRows >= 0 && Cfg::kBackwardBands >= 1 &&
-         (Cfg::kBackwardOverlapStaging == 0 || Cfg::kBackwardOverlapStaging == 1);
+         (Cfg::kBackwardOverlapStaging == 0 || Cfg::kBackwardOverlapStaging == 1) &&
+         (Cfg::kBackwardInterleave == 0 || Cfg::kBackwardInterleave == 1);
 }
 
 // --------------------------------------------------------------------------- parameters
@@ -1194,6 +1200,35 @@ __device__ __forceinline__ void backward_sums(const Pack<T>& s, const Pack<T>& d
   }
 }
 
+// The rows of one backward CTA, a step of `groups` rows at a time: step k holds rows first +
+// k * stride + g for the row groups g, below end (as StepRows walks them). Either the CTA's band
+// of rows_per_cta consecutive rows, or (Cfg::kBackwardInterleave) every gridDim.x-th step of the
+// whole tensor from step blockIdx.x: then the CTAs stream through one window of the tensors
+// together instead of gridDim.x windows of their own. Either way a row group's rows come in row
+// order, and which CTA takes a row depends on (rows, cols) and the program alone.
+struct BackwardSpan {
+  int64_t first;
+  int64_t stride;
+  int64_t end;
+  int64_t steps;
+
+  template <class Cfg>
+  __device__ __forceinline__ static BackwardSpan of(const BackwardParams& p, int groups) {
+    BackwardSpan span;
+    if constexpr (Cfg::kBackwardInterleave != 0) {
+      span.first = static_cast<int64_t>(blockIdx.x) * groups;
+      span.stride = static_cast<int64_t>(gridDim.x) * groups;
+      span.end = p.rows;
+    } else {
+      span.first = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
+      span.stride = groups;
+      span.end = span.first + p.rows_per_cta < p.rows ? span.first + p.rows_per_cta : p.rows;
+    }
+    span.steps = span.end > span.first ? (span.end - span.first + span.stride - 1) / span.stride : 0;
+    return span;
+  }
+};
+
 // The row pointers of the backward's outputs (and dsum) for one row (see row_pointer).
 template <typename T>
 struct BackwardRow {
@@ -1269,21 +1304,21 @@ __device__ __forceinline__ void backward_registers(const BackwardParams& p) {
   const T* gate = static_cast<const T*>(p.gate);
   const T* dy_in = static_cast<const T*>(p.dy);
   const float inv_cols = p.inv_cols;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
-  const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
+  const BackwardSpan span = BackwardSpan::of<Cfg>(p, groups);
+  const int64_t end = span.end;
   GroupSum<group_barriers<kTpr, Cfg::kBackwardCtaThreads>()> group_sum(tpr, group, scratch);
   P s[kVpt], dy[kVpt], g[kVpt];
   P s_next[kVpt], dy_next[kVpt], g_next[kVpt];
-  const int64_t first = begin + group;
+  const int64_t first = span.first + group;
   load_slice<T, kEpt, kL2>(s, s_in, first, first < end, cols, tpr, lane);
   load_slice<T, kEpt, kL2>(dy, dy_in, first, first < end, cols, tpr, lane);
   if (kGated) load_slice<T, kEpt, kL2>(g, gate, first, first < end, cols, tpr, lane);
   float rstd = first < end ? __ldg(p.rstd + first) : 0.0f;
-  for (int64_t base = begin; base < end; base += groups) {
+  for (int64_t base = span.first; base < end; base += span.stride) {
     const int64_t row = base + group;
     const bool row_ok = row < end;
     const int64_t offset = row * cols;
-    const int64_t next = row + groups;
+    const int64_t next = row + span.stride;
     load_slice<T, kEpt, kL2>(s_next, s_in, next, next < end, cols, tpr, lane);
     load_slice<T, kEpt, kL2>(dy_next, dy_in, next, next < end, cols, tpr, lane);
     if (kGated) load_slice<T, kEpt, kL2>(g_next, gate, next, next < end, cols, tpr, lane);
@@ -1367,14 +1402,12 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   DW dw(dw_in_shared<T, kEpt, kGated>() ? dw_sums : nullptr, tpr, group, lane);
 
   const float inv_cols = p.inv_cols;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.rows_per_cta;
-  const int64_t end = begin + p.rows_per_cta < p.rows ? begin + p.rows_per_cta : p.rows;
-  // The CTA's rows: begin + k * groups + group, below end.
+  const BackwardSpan span = BackwardSpan::of<Cfg>(p, groups);
   using Fill = StepFill<T, kAligned, kEpt, kGated, kTensors, true, Cfg::kL2Prefetch, BackwardParams>;
-  Fill fill{ring, p, StepRows(begin, groups, end, cols), cols, groups, group, group * cols + lane * kVec,
-            rstd_ring, rstd_slot};
-  StepRows rows(begin, groups, end, cols);
-  Pipeline<kAligned> pipe{end > begin ? (end - begin + groups - 1) / groups : 0, stages};
+  Fill fill{ring, p, StepRows(span.first, span.stride, span.end, cols), cols, groups, group,
+            group * cols + lane * kVec, rstd_ring, rstd_slot};
+  StepRows rows(span.first, span.stride, span.end, cols);
+  Pipeline<kAligned> pipe{span.steps, stages};
   pipe.begin(fill);
   if constexpr (kOverlapStaging) weights.stage(tpr);
   for (int64_t step = 0; step < pipe.steps; ++step, rows.advance()) {
@@ -1637,7 +1670,7 @@ cudaError_t launch_forward(ForwardParams p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Backward of one instance: one CTA per band of rows (the grid is fixed by the row count).
+// Backward of one instance: `ctas` CTAs, fixed by the row count (BackwardSpan: which rows each takes).
 template <typename T, bool kAligned, int kEpt, int kTpr, bool kGated, class Cfg, auto kKernel>
 cudaError_t launch_backward(BackwardParams p, int64_t ctas, cudaStream_t stream) {
   p.tpr = threads_per_row(p.cols, kEpt);

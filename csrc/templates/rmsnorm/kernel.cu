@@ -10,7 +10,7 @@
 // CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS, CAKE_FORWARD_MIN_ROW_THREADS,
 // CAKE_{FORWARD,BACKWARD}_CTA_THREADS, CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS,
-// CAKE_BACKWARD_OVERLAP_STAGING, and
+// CAKE_BACKWARD_OVERLAP_STAGING, CAKE_BACKWARD_INTERLEAVE, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
 // the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
 // that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
@@ -38,6 +38,7 @@
 #define CAKE_FORWARD_CTA_ROWS 0
 #define CAKE_BACKWARD_BANDS 1024
 #define CAKE_BACKWARD_OVERLAP_STAGING 0
+#define CAKE_BACKWARD_INTERLEAVE 0
 #define CAKE_FORWARD_MIN_BLOCKS 3
 #define CAKE_BACKWARD_MIN_BLOCKS 2
 // cake:end-params
@@ -73,6 +74,7 @@ struct Config {
   static constexpr int kForwardCtaRows = CAKE_FORWARD_CTA_ROWS;
   static constexpr int kBackwardBands = CAKE_BACKWARD_BANDS;
   static constexpr int kBackwardOverlapStaging = CAKE_BACKWARD_OVERLAP_STAGING;
+  static constexpr int kBackwardInterleave = CAKE_BACKWARD_INTERLEAVE;
 };
 static_assert(cake::rmsnorm::valid_config<Config>(),
               "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
