@@ -465,6 +465,10 @@ TUNE_VARIANTS = {
     "bwd_serial_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 0},
     "bwd_interleave": {"CAKE_BACKWARD_INTERLEAVE": 1},
     "bwd_bands": {"CAKE_BACKWARD_INTERLEAVE": 0},
+    # The gated backward's shape (3-slot ring, no register bound, one CTA an SM, one wave of
+    # bands) for RMSNorm's.
+    "bwd_gated_shape": {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
+                        "CAKE_BACKWARD_BANDS": 264},
     # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
