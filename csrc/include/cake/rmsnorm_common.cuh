@@ -381,6 +381,9 @@ __host__ __device__ constexpr int row_groups(int tpr) {
 template <int kTpr, int kCtaThreads>
 struct Shape {
   // (The launchers refuse a fixed-width kernel for another width, and launch tpr * row_groups.)
+  // A fixed-width row that fills its CTA is group 0 at compile time (its launch has tpr
+  // threads): no division by the width, and one row for the whole CTA.
+  static constexpr bool kOneGroup = kTpr > 0 && row_groups<kCtaThreads>(kTpr) == 1;
   int tpr;
   int threads;
   int groups;
@@ -391,7 +394,7 @@ struct Shape {
       : tpr(kTpr > 0 ? kTpr : launched_tpr),
         threads(kTpr > 0 ? kTpr * row_groups<kCtaThreads>(kTpr) : static_cast<int>(blockDim.x)),
         groups(threads / tpr),
-        group(static_cast<int>(threadIdx.x) / tpr),
+        group(kOneGroup ? 0 : static_cast<int>(threadIdx.x) / tpr),
         lane(static_cast<int>(threadIdx.x) - group * tpr) {}
 };
 
@@ -628,11 +631,14 @@ template <typename T, int kEpt, int kL2>
 __device__ __forceinline__ void load_slice(Pack<T> (&dst)[kEpt / Pack<T>::kVec], const T* base, int64_t row,
                                            bool row_ok, int cols, int tpr, int lane) {
   using S = Slice<T, kEpt>;
-  const int64_t offset = row * cols;
+  // The thread's first pack, computed once (opaque: else ptxas recomputes it under each pack's
+  // predicate); pack c is c * tpr packs on (an immediate offset when tpr is fixed).
+  const T* first = base + row * cols + lane * S::kVec;
+  asm("" : "+l"(first));
 #pragma unroll
   for (int c = 0; c < S::kVpt; ++c) {
     const int col = S::column(c, tpr, lane);
-    dst[c] = row_ok && col < cols ? load_pack<T, true, kL2>(base + offset + col, S::kVec) : zero_pack<T>();
+    dst[c] = row_ok && col < cols ? load_pack<T, true, kL2>(first + c * tpr * S::kVec, S::kVec) : zero_pack<T>();
   }
 }
 
@@ -948,6 +954,7 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
     const float rstd = rsqrtf(ssq * inv_cols + p.eps);
     if (row_ok) {
       if (p.rstd != nullptr && lane == 0) p.rstd[row] = rstd;
+      T* y_first = y + offset + lane * kVec;  // as load_slice
 #pragma unroll
       for (int c = 0; c < kVpt; ++c) {
         const int col = S::column(c, tpr, lane);
@@ -964,7 +971,7 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
           }
           P packed;
           packed.set(out);
-          store_pack<T, true>(y + offset + col, packed, kVec);
+          store_pack<T, true>(y_first + c * tpr * kVec, packed, kVec);
         }
       }
     }
