@@ -463,6 +463,8 @@ TUNE_VARIANTS = {
     # not: 2026-12-02, tools/bench/results/2026-12-02-h200-rmsnorm-backward-staging-ab.txt).
     "bwd_overlap_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 1},
     "bwd_serial_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 0},
+    # The backward's CTAs take the row steps in turn (both tables), or a band of consecutive
+    # rows each (2026-12-02, tools/bench/results/2026-12-02-h200-rmsnorm-backward-interleave-*).
     "bwd_interleave": {"CAKE_BACKWARD_INTERLEAVE": 1},
     "bwd_bands": {"CAKE_BACKWARD_INTERLEAVE": 0},
     # The gated backward's shape (3-slot ring, no register bound, one CTA an SM, one wave of

@@ -288,6 +288,14 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T>& value, int valid
   }
 }
 
+// `pointer`, opaque to the compiler: it is computed once where it stands, and offsets from it
+// stay offsets (see row_pointer and load_slice).
+template <typename T>
+__device__ __forceinline__ T* opaque(T* pointer) {
+  asm("" : "+l"(pointer));
+  return pointer;
+}
+
 // base + offset + thread_offset (a row's first element: a staged step's first row, the same for
 // the whole CTA, plus the thread's row from there), opaque to the compiler, or null for a null
 // base. Left visible, base + offset + col gets split into a loop-invariant base + col per pack:
@@ -295,9 +303,7 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T>& value, int valid
 template <typename T>
 __device__ __forceinline__ T* row_pointer(T* base, int64_t offset, int thread_offset = 0) {
   if (base == nullptr) return nullptr;
-  T* row = base + offset + thread_offset;
-  asm("" : "+l"(row));
-  return row;
+  return opaque(base + offset + thread_offset);
 }
 
 template <typename T>
@@ -633,8 +639,7 @@ __device__ __forceinline__ void load_slice(Pack<T> (&dst)[kEpt / Pack<T>::kVec],
   using S = Slice<T, kEpt>;
   // The thread's first pack, computed once (opaque: else ptxas recomputes it under each pack's
   // predicate); pack c is c * tpr packs on (an immediate offset when tpr is fixed).
-  const T* first = base + row * cols + lane * S::kVec;
-  asm("" : "+l"(first));
+  const T* first = opaque(base + row * cols + lane * S::kVec);
 #pragma unroll
   for (int c = 0; c < S::kVpt; ++c) {
     const int col = S::column(c, tpr, lane);
