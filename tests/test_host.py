@@ -92,3 +92,34 @@ def test_aligned():
     assert not host.aligned(buffer, buffer[4:])
     assert host.aligned(buffer[4:], to=4) and not host.aligned(buffer[4:], to=8)
     assert not host.aligned([0])  # not a tensor: such a call fails its checks anyway
+
+
+class _Scale(torch.autograd.Function):
+    """y = x * factor, without setup_context (as the families' functions): functorch
+    transforms refuse it, which tells whether eager_apply went through ``Function.apply``."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x * factor
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy * ctx.factor, None
+
+
+def test_eager_apply_matches_apply_with_its_gradient():
+    apply = host.eager_apply(_Scale)
+    assert apply is not _Scale.apply, "this torch has the C apply: the short path must be taken"
+    x = torch.randn(5, requires_grad=True)
+    y = apply(x, 3.0)
+    assert y.grad_fn is not None and type(y.grad_fn).__name__ == "_ScaleBackward"
+    y.backward(torch.arange(5.0))
+    assert torch.equal(y.detach(), x.detach() * 3.0)
+    assert torch.equal(x.grad, torch.arange(5.0) * 3.0)
+
+
+def test_eager_apply_takes_function_apply_under_a_transform():
+    apply = host.eager_apply(_Scale)
+    with pytest.raises(RuntimeError, match="must override the setup_context"):
+        torch.func.grad(lambda x: apply(x, 3.0).sum())(torch.randn(5))

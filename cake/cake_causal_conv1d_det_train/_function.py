@@ -211,6 +211,9 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
         return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dweight, 2: dbias})
 
 
+_eager_apply = host.eager_apply(CakeCausalConv1dDetFunction)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 
@@ -289,4 +292,4 @@ def cake_causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor,
     if torch.compiler.is_compiling():
         return _forward_op(x, weight, bias, cu_seqlens,
                            "none" if activation is None else activation)
-    return CakeCausalConv1dDetFunction.apply(x, weight, bias, cu_seqlens, activation)
+    return _eager_apply(x, weight, bias, cu_seqlens, activation)

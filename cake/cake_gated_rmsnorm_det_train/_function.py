@@ -153,6 +153,9 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
         return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dg, 2: dweight, 3: dresidual})
 
 
+_eager_apply = host.eager_apply(CakeGatedRMSNormDetFunction)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 
@@ -238,7 +241,7 @@ def cake_gated_rmsnorm_det(x: torch.Tensor, g: torch.Tensor, weight: torch.Tenso
     if torch.compiler.is_compiling():
         y, s, _ = _forward_op(x, g, weight, residual, eps, weight_offset)
         return y if residual is None else (y, s)
-    return CakeGatedRMSNormDetFunction.apply(x, g, weight, residual, eps, weight_offset)
+    return _eager_apply(x, g, weight, residual, eps, weight_offset)
 
 
 class CakeGatedRMSNormDet(torch.nn.Module):

@@ -160,6 +160,9 @@ class CakeRMSNormDetFunction(torch.autograd.Function):
         return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dweight, 2: dresidual})
 
 
+_eager_apply = host.eager_apply(CakeRMSNormDetFunction)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 
@@ -241,7 +244,7 @@ def cake_rmsnorm_det(x: torch.Tensor, weight: torch.Tensor,
     if torch.compiler.is_compiling():
         y, s, _ = _forward_op(x, weight, residual, eps, weight_offset)
         return y if residual is None else (y, s)
-    return CakeRMSNormDetFunction.apply(x, weight, residual, eps, weight_offset)
+    return _eager_apply(x, weight, residual, eps, weight_offset)
 
 
 class CakeRMSNormDet(torch.nn.Module):
