@@ -58,6 +58,10 @@ def test_signature_tells_apart_what_the_checks_read():
     # Equal scalars of different types are different signatures (True == 1 == 1.0).
     assert len({host.signature(x, v) for v in (True, 1, 1.0)}) == 3
     assert host.signature(x, "silu") != host.signature(x, None)
+    # One flat tuple: where each value starts is still told apart.
+    assert host.signature(x, None) != host.signature(None, x)
+    assert host.signature(1e-6, None) != host.signature(None, 1e-6)
+    assert host.signature(None, None) != host.signature(None)
 
 
 def test_memo_is_bounded_and_skips_unhashable_keys():

@@ -37,22 +37,32 @@ _backward_plans = host.Memo()
 
 
 def _forward_plan(x, weight, bias, cu_seqlens, activation, out) -> host.Plan:
-    return _forward_plans.resolve(
-        host.signature(x, weight, bias, cu_seqlens, out, activation),
-        lambda: _plan(validate_forward(x, weight, bias, cu_seqlens, activation, out)),
-        lambda plan: recheck_forward(x, weight, bias, cu_seqlens, out, plan.problem))
+    # No closures here: their cells would be made on every call (see host.Memo).
+    key = host.signature(x, weight, bias, cu_seqlens, out, activation)
+    plan = _forward_plans.get(key)
+    if plan is None:
+        return _forward_plans.put(key, _plan(validate_forward(x, weight, bias, cu_seqlens,
+                                                              activation, out)))
+    recheck_forward(x, weight, bias, cu_seqlens, out, plan.problem)
+    return plan
 
 
 def _backward_plan(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight, dbias,
                    workspace) -> host.Plan:
-    return _backward_plans.resolve(
-        host.signature(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
-                       activation, grad_dtype),
-        lambda: _plan(validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype,
-                                        dx, dweight, dbias, workspace,
-                                        lambda p: _plan(p).workspace_bytes)),
-        lambda plan: recheck_backward(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
-                                      workspace, plan.problem))
+    key = host.signature(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
+                         activation, grad_dtype)
+    plan = _backward_plans.get(key)
+    if plan is None:
+        return _backward_plans.put(key, _plan(validate_backward(
+            dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight, dbias,
+            workspace, _workspace_need)))
+    recheck_backward(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
+                     plan.problem)
+    return plan
+
+
+def _workspace_need(problem) -> int:
+    return _plan(problem).workspace_bytes
 
 
 def _forward_into(plan: host.Plan, x, weight, bias, cu_seqlens, y) -> None:

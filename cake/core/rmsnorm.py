@@ -65,7 +65,7 @@ class Problem:
 
 def fp32_bits(value: float) -> int:
     """The bit pattern of ``value`` rounded to fp32, as the entries take float arguments."""
-    return struct.unpack("<i", struct.pack("<f", value))[0]
+    return int.from_bytes(struct.pack("<f", value), "little", signed=True)
 
 
 def _check_number(name: str, value: object, *, positive: bool) -> float:
@@ -269,16 +269,18 @@ class Programs:
 
     def forward_plan(self, *, x, gate, weight, residual, eps, weight_offset, out=None,
                      residual_out=None, rstd=None) -> host.Plan:
+        # No closures here: their cells would be made on every call (see host.Memo).
         key = host.signature(x, gate, weight, residual, out, residual_out, rstd, eps,
                              weight_offset, host.aligned(x, gate, residual, out, residual_out))
-        return self._forward_plans.resolve(
-            key,
-            lambda: self.plan(validate_forward(
+        plan = self._forward_plans.get(key)
+        if plan is None:
+            return self._forward_plans.put(key, self.plan(validate_forward(
                 x=x, gate=gate, weight=weight, residual=residual, eps=eps,
                 weight_offset=weight_offset, gated=self._gated, out=out,
-                residual_out=residual_out, rstd=rstd)),
-            lambda plan: recheck_forward(x=x, gate=gate, weight=weight, residual=residual,
-                                         out=out, residual_out=residual_out, rstd=rstd))
+                residual_out=residual_out, rstd=rstd)))
+        recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
+                        residual_out=residual_out, rstd=rstd)
+        return plan
 
     def backward_plan(self, *, dy, x, gate, weight, rstd, dsum, weight_offset, has_residual,
                       grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
@@ -286,16 +288,19 @@ class Programs:
         key = host.signature(dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dweight,
                              workspace, weight_offset, has_residual, grad_dtype,
                              host.aligned(x, gate, dy, dsum, dx, dg, dresidual))
-        return self._backward_plans.resolve(
-            key,
-            lambda: self.plan(validate_backward(
+        plan = self._backward_plans.get(key)
+        if plan is None:
+            return self._backward_plans.put(key, self.plan(validate_backward(
                 dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
                 weight_offset=weight_offset, gated=self._gated, has_residual=has_residual,
                 grad_dtype=grad_dtype, dx=dx, dg=dg, dresidual=dresidual, dweight=dweight,
-                workspace=workspace, workspace_need=lambda p: self.plan(p).workspace_bytes)),
-            lambda plan: recheck_backward(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd,
-                                          dsum=dsum, dx=dx, dg=dg, dresidual=dresidual,
-                                          dweight=dweight, workspace=workspace))
+                workspace=workspace, workspace_need=self._workspace_need)))
+        recheck_backward(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum, dx=dx,
+                         dg=dg, dresidual=dresidual, dweight=dweight, workspace=workspace)
+        return plan
+
+    def _workspace_need(self, problem: Problem) -> int:
+        return self.plan(problem).workspace_bytes
 
     def _autograd_backward_plan(self, plan: host.Plan, *, s, gate, dy, dsum) -> host.Plan:
         """The plan of the backward of a forward that ran with ``plan``: the same program
