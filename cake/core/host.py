@@ -313,8 +313,8 @@ class Memo:
     A family's lookup (``get``, then ``put`` of a validated plan, or the per-call rechecks) is
     written out in its plan function rather than passed in as closures: closures and their cells
     were most of the Python objects an eager call made before its launch. Without them RMSNorm's
-    eager forward took about 15 us of host time instead of 18 (2-core development machine, the
-    simulated GPU of tests/fake_gpu.py, quiet runs of four alternating pairs).
+    eager forward under no_grad took 15.1-15.4 us of host time instead of 18.5 (development
+    machine, simulated GPU: tools/bench/results/2026-12-02-cpu-rmsnorm-host-path-ab.txt).
     """
 
     __slots__ = ("_found", "_limit", "_lock")
