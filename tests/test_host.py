@@ -99,31 +99,50 @@ def test_aligned():
 
 
 class _Scale(torch.autograd.Function):
-    """y = x * factor, without setup_context (as the families' functions): functorch
-    transforms refuse it, which tells whether eager_apply went through ``Function.apply``."""
+    """y = x * factor, launched by ``_launch_scale``, without setup_context (as the families'
+    functions): functorch transforms refuse it, which tells whether eager_apply went through
+    ``Function.apply``."""
 
     @staticmethod
     def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x * factor
+        return _keep_scale(ctx, x, factor, _launch_scale(x, factor))
 
     @staticmethod
     def backward(ctx, dy):
-        return dy * ctx.factor, None
+        return host.backward_result(len(ctx.needs_input_grad), {0: dy * ctx.factor})
 
 
-def test_eager_apply_matches_apply_with_its_gradient():
-    apply = host.eager_apply(_Scale)
+_EVENTS = []
+
+
+def _launch_scale(x, factor):
+    _EVENTS.append("launch")
+    return x.detach() * factor
+
+
+def _keep_scale(ctx, x, factor, y):
+    _EVENTS.append("keep")
+    ctx.factor = factor
+    return y
+
+
+def test_eager_apply_launches_before_autograd_and_records_the_gradient():
+    apply = host.eager_apply(_Scale, _launch_scale, _keep_scale)
     assert apply is not _Scale.apply, "this torch has the C apply: the short path must be taken"
+    _EVENTS.clear()
     x = torch.randn(5, requires_grad=True)
     y = apply(x, 3.0)
-    assert y.grad_fn is not None and type(y.grad_fn).__name__ == "_ScaleBackward"
+    assert _EVENTS == ["launch", "keep"]
+    assert type(y.grad_fn).__name__ == "_ScaleBackward"  # the subclass, named as _Scale
+    assert issubclass(type(y.grad_fn)._forward_cls, _Scale) and type(y.grad_fn)._forward_cls is not _Scale
     y.backward(torch.arange(5.0))
     assert torch.equal(y.detach(), x.detach() * 3.0)
     assert torch.equal(x.grad, torch.arange(5.0) * 3.0)
 
 
 def test_eager_apply_takes_function_apply_under_a_transform():
-    apply = host.eager_apply(_Scale)
+    apply = host.eager_apply(_Scale, _launch_scale, _keep_scale)
+    _EVENTS.clear()
     with pytest.raises(RuntimeError, match="must override the setup_context"):
         torch.func.grad(lambda x: apply(x, 3.0).sum())(torch.randn(5))
+    assert _EVENTS == []  # Function.apply refused it before its forward could launch

@@ -1,7 +1,8 @@
 """Autograd function and public entries of the causal conv1d family.
 
-Eager calls go through :class:`CakeCausalConv1dDetFunction` (a plain ``autograd.Function``:
-the least host work per call). Under ``torch.compile`` the functional uses the custom ops
+Eager calls launch first, then record the call in autograd through a subclass of
+:class:`CakeCausalConv1dDetFunction` (a plain ``autograd.Function``: the least host work per call;
+see ``host.eager_apply``). Under ``torch.compile`` the functional uses the custom ops
 ``<package>::forward`` / ``<package>::backward`` (see ``host.op_name``) instead, which the
 compiler treats as opaque (fake implementations give the output shapes). Both launch through
 :func:`_forward_into` and :func:`_backward_into`.
@@ -28,7 +29,6 @@ from . import _routes
 from ._validate import (DTYPES, recheck_backward, recheck_forward, validate_backward,
                         validate_forward, validate_inputs)
 
-_FORWARD_ARITY = 5  # x, weight, bias, cu_seqlens, activation
 _ptr = host.data_pointer
 # Problem -> Plan (route, entries, workspace size), and call signature -> Plan.
 _plan = host.Plans(__file__, _routes.select, lambda problem: (problem.tokens, problem.channels))
@@ -126,11 +126,7 @@ def cake_causal_conv1d_det_train_forward(
         >>> cu = torch.tensor([0, 300, 1000], device="cuda", dtype=torch.int32)
         >>> y = cake_causal_conv1d_det_train_forward(x, w, None, cu)
     """
-    plan = _forward_plan(x, weight, bias, cu_seqlens, activation, out)
-    y = torch.empty_like(x) if out is None else out
-    if plan.problem.tokens:
-        _forward_into(plan, x, weight, bias, cu_seqlens, y)
-    return y
+    return _launch(x, weight, bias, cu_seqlens, activation, out)[1]
 
 
 def cake_causal_conv1d_det_train_backward(
@@ -202,13 +198,8 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, cu_seqlens, activation):
-        plan = _forward_plan(x, weight, bias, cu_seqlens, activation, None)
-        y = torch.empty_like(x)
-        if plan.problem.tokens:
-            _forward_into(plan, x, weight, bias, cu_seqlens, y)
-        ctx.plan = plan
-        ctx.save_for_backward(x, weight, bias, cu_seqlens)
-        return y
+        return _keep(ctx, x, weight, bias, cu_seqlens, activation,
+                     _launch(x, weight, bias, cu_seqlens, activation))
 
     @staticmethod
     def backward(ctx, dy):
@@ -218,10 +209,27 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
         # autograd gives dy y's shape, dtype and device).
         dx, dweight, dbias = _backward(ctx.plan, dy.contiguous(), x, weight, bias, cu_seqlens,
                                        weight.dtype)
-        return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dweight, 2: dbias})
+        return host.backward_result(len(ctx.needs_input_grad), {0: dx, 1: dweight, 2: dbias})
 
 
-_eager_apply = host.eager_apply(CakeCausalConv1dDetFunction)
+def _launch(x, weight, bias, cu_seqlens, activation, out=None) -> tuple:
+    """Validates, allocates y (unless given) and launches: ``(plan, y)``."""
+    plan = _forward_plan(x, weight, bias, cu_seqlens, activation, out)
+    y = torch.empty_like(x) if out is None else out
+    if plan.problem.tokens:
+        _forward_into(plan, x, weight, bias, cu_seqlens, y)
+    return plan, y
+
+
+def _keep(ctx, x, weight, bias, cu_seqlens, activation, launched):
+    """Keeps what the backward needs from a launched forward; returns y."""
+    plan, y = launched
+    ctx.plan = plan
+    ctx.save_for_backward(x, weight, bias, cu_seqlens)
+    return y
+
+
+_eager_apply = host.eager_apply(CakeCausalConv1dDetFunction, _launch, _keep)
 
 
 # --------------------------------------------------------------------------- torch.compile

@@ -1,7 +1,8 @@
 """Autograd function, module and public entries of the gated RMSNorm family
 (``y = rmsnorm(x) * silu(g)``: normalise, then gate; the GDN/Mamba2 output norm).
 
-Eager calls go through :class:`CakeGatedRMSNormDetFunction`; under ``torch.compile`` the
+Eager calls launch first, then record the call in autograd through a subclass of
+:class:`CakeGatedRMSNormDetFunction` (see ``host.eager_apply``); under ``torch.compile`` the
 functional uses the custom ops ``<package>::forward`` /
 ``<package>::backward`` (see ``host.op_name``). Both launch through ``core.rmsnorm.Programs``.
 
@@ -19,7 +20,6 @@ from ..core import host
 from ..core.rmsnorm import Programs, upstream_gradients
 
 _PROGRAMS = Programs(__file__, gated=True)
-_FORWARD_ARITY = 6  # x, g, weight, residual, eps, weight_offset
 
 
 # --------------------------------------------------------------------------- public helpers
@@ -133,16 +133,8 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, g, weight, residual, eps, weight_offset):
-        plan = _PROGRAMS.forward_plan(x=x, gate=g, weight=weight, residual=residual, eps=eps,
-                                      weight_offset=weight_offset)
-        y, s, rstd = _PROGRAMS.forward(plan, x=x, gate=g, weight=weight, residual=residual,
-                                       eps=eps, weight_offset=weight_offset)
-        ctx.set_materialize_grads(False)
-        ctx.plan = plan
-        ctx.has_residual = residual is not None
-        ctx.weight_offset = weight_offset
-        ctx.save_for_backward(x if s is None else s, g, weight, rstd)
-        return y if s is None else (y, s)
+        return _keep(ctx, x, g, weight, residual, eps, weight_offset,
+                     _launch(x, g, weight, residual, eps, weight_offset))
 
     @staticmethod
     def backward(ctx, dy, dsum=None):
@@ -150,10 +142,26 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
         dx, dg, dresidual, dweight = _PROGRAMS.autograd_backward(
             ctx.plan, s=s, gate=g, weight=weight, rstd=rstd, dy=dy, dsum=dsum,
             weight_offset=ctx.weight_offset, has_residual=ctx.has_residual)
-        return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dg, 2: dweight, 3: dresidual})
+        return host.backward_result(len(ctx.needs_input_grad),
+                                    {0: dx, 1: dg, 2: dweight, 3: dresidual})
 
 
-_eager_apply = host.eager_apply(CakeGatedRMSNormDetFunction)
+def _launch(x, g, weight, residual, eps, weight_offset) -> tuple:
+    return _PROGRAMS.launch(x, g, weight, residual, eps, weight_offset)
+
+
+def _keep(ctx, x, g, weight, residual, eps, weight_offset, launched):
+    """Keeps what the backward needs from a launched forward; returns its outputs."""
+    plan, y, s, rstd = launched
+    ctx.set_materialize_grads(False)
+    ctx.plan = plan
+    ctx.has_residual = residual is not None
+    ctx.weight_offset = weight_offset
+    ctx.save_for_backward(x if s is None else s, g, weight, rstd)
+    return y if s is None else (y, s)
+
+
+_eager_apply = host.eager_apply(CakeGatedRMSNormDetFunction, _launch, _keep)
 
 
 # --------------------------------------------------------------------------- torch.compile

@@ -1,7 +1,8 @@
 """Autograd function, module and public entries of the RMSNorm family.
 
-Eager calls go through :class:`CakeRMSNormDetFunction` (a plain ``autograd.Function``: the
-least host work per call). Under ``torch.compile`` the functional uses the custom ops
+Eager calls launch first, then record the call in autograd through a subclass of
+:class:`CakeRMSNormDetFunction` (a plain ``autograd.Function``: the least host work per call;
+see ``host.eager_apply``). Under ``torch.compile`` the functional uses the custom ops
 ``<package>::forward`` / ``<package>::backward`` (see ``host.op_name``) instead, which the
 compiler treats as opaque (fake implementations give the output shapes). Both launch through
 ``core.rmsnorm.Programs``.
@@ -20,7 +21,6 @@ from ..core import host
 from ..core.rmsnorm import Programs, upstream_gradients
 
 _PROGRAMS = Programs(__file__, gated=False)
-_FORWARD_ARITY = 5  # x, weight, residual, eps, weight_offset
 
 
 # --------------------------------------------------------------------------- public helpers
@@ -140,16 +140,8 @@ class CakeRMSNormDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps, weight_offset):
-        plan = _PROGRAMS.forward_plan(x=x, gate=None, weight=weight, residual=residual, eps=eps,
-                                      weight_offset=weight_offset)
-        y, s, rstd = _PROGRAMS.forward(plan, x=x, gate=None, weight=weight, residual=residual,
-                                       eps=eps, weight_offset=weight_offset)
-        ctx.set_materialize_grads(False)
-        ctx.plan = plan
-        ctx.has_residual = residual is not None
-        ctx.weight_offset = weight_offset
-        ctx.save_for_backward(x if s is None else s, weight, rstd)
-        return y if s is None else (y, s)
+        return _keep(ctx, x, weight, residual, eps, weight_offset,
+                     _launch(x, weight, residual, eps, weight_offset))
 
     @staticmethod
     def backward(ctx, dy, dsum=None):
@@ -157,10 +149,25 @@ class CakeRMSNormDetFunction(torch.autograd.Function):
         dx, _, dresidual, dweight = _PROGRAMS.autograd_backward(
             ctx.plan, s=s, gate=None, weight=weight, rstd=rstd, dy=dy, dsum=dsum,
             weight_offset=ctx.weight_offset, has_residual=ctx.has_residual)
-        return host.backward_result(_FORWARD_ARITY, {0: dx, 1: dweight, 2: dresidual})
+        return host.backward_result(len(ctx.needs_input_grad), {0: dx, 1: dweight, 2: dresidual})
 
 
-_eager_apply = host.eager_apply(CakeRMSNormDetFunction)
+def _launch(x, weight, residual, eps, weight_offset) -> tuple:
+    return _PROGRAMS.launch(x, None, weight, residual, eps, weight_offset)
+
+
+def _keep(ctx, x, weight, residual, eps, weight_offset, launched):
+    """Keeps what the backward needs from a launched forward; returns its outputs."""
+    plan, y, s, rstd = launched
+    ctx.set_materialize_grads(False)
+    ctx.plan = plan
+    ctx.has_residual = residual is not None
+    ctx.weight_offset = weight_offset
+    ctx.save_for_backward(x if s is None else s, weight, rstd)
+    return y if s is None else (y, s)
+
+
+_eager_apply = host.eager_apply(CakeRMSNormDetFunction, _launch, _keep)
 
 
 # --------------------------------------------------------------------------- torch.compile

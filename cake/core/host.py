@@ -474,32 +474,50 @@ def op_name(package: str, name: str) -> str:
 
 
 
-def eager_apply(function: type) -> Callable[..., object]:
-    """``function.apply`` (an ``autograd.Function``) for the eager path, a few microseconds
-    shorter.
+def eager_apply(function: type, launch: Callable[..., object],
+                keep: Callable[..., object]) -> Callable[..., object]:
+    """The eager functionals' ``function.apply`` (an ``autograd.Function``), with the forward
+    launched before autograd is entered.
 
-    While no functorch transform (vmap, grad, ...) is active it calls the C ``apply`` that
-    ``Function.apply`` ends in, skipping that method's Python wrapper (its unwrapping of tensors
-    left over from a finished transform: such a tensor has no storage, and reading its address
-    in the host checks raises). Under a transform, and on a torch without that C method, it is
-    ``function.apply`` itself. On the H200 this took 3.6-4.0 us off the time to the launch of an
-    eager RMSNorm forward (tools/bench/results/2026-12-02-h200-rmsnorm-eager-host-probe.txt).
+    ``launch(*args)`` (``args``: what ``function.apply`` takes) validates the call, allocates
+    its outputs and launches; ``keep(ctx, *args, launched)`` keeps what the backward needs from
+    ``launch``'s result and returns the outputs, so that ``function.forward`` is
+    ``keep(ctx, *args, launch(*args))``. The eager path calls ``launch`` first and then applies
+    a subclass of ``function`` whose forward is ``keep`` (named as ``function``, so its
+    ``grad_fn`` reads the same). So autograd's set-up of the call (its node and context, the
+    call of forward) comes after the launch: on the H200 RMSNorm's eager forward reached its
+    launch 8.5-15.2 us sooner than through ``function.apply``, within 1 us of the helper
+    without autograd (tools/bench/results/2026-12-02-h200-rmsnorm-launch-first-eager-probe.txt).
+
+    While no functorch transform (vmap, grad, ...) is active, the subclass is applied through
+    the C ``apply`` that ``Function.apply`` ends in, skipping that method's Python wrapper (its
+    unwrapping of tensors left over from a finished transform: such a tensor has no storage,
+    and reading its address in the host checks raises). Under a transform, and on a torch
+    without that C method, it is ``function.apply(*args)``, which launches inside forward (a
+    transform's wrapped tensors must reach the launch through it).
     """
     base = getattr(torch._C, "_FunctionBase", None)
     c_apply = vars(base).get("apply") if base is not None else None
     if c_apply is None:
         return function.apply
-    bound = c_apply.__get__(None, function)
+    launched = type(function.__name__, (function,), {
+        "forward": staticmethod(keep), "__module__": function.__module__,
+        "__qualname__": f"{function.__qualname__}.launched",
+        "__doc__": f"{function.__name__} for a forward already launched: apply(*args, launched)."})
+    bound = c_apply.__get__(None, launched)
     transforms_active = torch._C._are_functorch_transforms_active
 
     def apply(*args):
-        return function.apply(*args) if transforms_active() else bound(*args)
+        if transforms_active():
+            return function.apply(*args)
+        return bound(*args, launch(*args))
 
     return apply
 
 
 def backward_result(arity: int, grads: Mapping[int, torch.Tensor | None]) -> tuple:
-    """A ``backward`` return for a forward of ``arity`` inputs: ``grads[i]`` at position i,
+    """A ``backward`` return for a forward of ``arity`` inputs (``len(ctx.needs_input_grad)``:
+    :func:`eager_apply`'s subclass takes one more): ``grads[i]`` at position i,
     None elsewhere (so adding a forward argument cannot shift the gradients)."""
     return tuple([grads.get(i) for i in range(arity)])
 

@@ -334,6 +334,14 @@ class Programs:
                 host.stream_handle(plan.device))
         return y, residual_out, rstd
 
+    def launch(self, x, gate, weight, residual, eps, weight_offset) -> tuple:
+        """An autograd forward's launch (outputs allocated here): ``(plan, y, residual_out or
+        None, rstd)``, what the families' ``_keep`` records."""
+        plan = self.forward_plan(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
+                                 weight_offset=weight_offset)
+        return (plan, *self.forward(plan, x=x, gate=gate, weight=weight, residual=residual,
+                                    eps=eps, weight_offset=weight_offset))
+
     def backward(self, plan: host.Plan, *, dy, x, gate, weight, rstd, dsum, weight_offset,
                  grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
                  workspace=None) -> tuple:
