@@ -12,7 +12,8 @@ every family reports bad input the same way and none copies another's glue:
   to its :class:`Plan` (problem, program entries, workspace size), so a repeated call skips
   the detailed checks, the routing and the workspace query; what depends on more than the
   signature (overlap, alignment, cu_seqlens' values) is checked on every call;
-* autograd: :func:`backward_result` builds a ``backward`` return tuple tied to forward's arity.
+* autograd: :func:`eager_apply` launches an eager call before recording it in autograd;
+  :func:`backward_result` builds a ``backward`` return tuple tied to forward's arity.
 
 Vendoring copies ``core`` verbatim: only relative imports, torch imported here directly.
 """
@@ -471,7 +472,6 @@ def op_name(package: str, name: str) -> str:
     ``custom_op`` of the same name would silently replace the first for both.
     """
     return f"{package.replace('.', '_')}::{name}"
-
 
 
 def eager_apply(function: type, launch: Callable[..., object],
