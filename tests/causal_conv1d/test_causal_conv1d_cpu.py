@@ -378,6 +378,28 @@ def test_autograd_backward_reuses_the_forward_plan(gpu, validations):
     assert [leaf.grad.shape for leaf in leaves] == [(64, 32), (32, 4), (32,)]
 
 
+def test_functional_and_public_apply_launch_and_record_alike(gpu):
+    """The functional launches, then records the call in autograd (host.eager_apply); the
+    public Function.apply launches inside its forward: the same entries, graph node type and
+    gradients' shapes. Under no_grad the functional launches and records nothing."""
+    x, w, b, cu, dy = _conv_case()
+    leaves = [cuda(t.detach()).requires_grad_() for t in (x, w, b)]
+    nodes = []
+    for call in (lambda *a: conv.cake_causal_conv1d_det(*a, activation="silu"),
+                 lambda *a: conv.CakeCausalConv1dDetFunction.apply(*a, "silu")):
+        y = call(*leaves, cu)
+        nodes.append(type(y.grad_fn).__name__)
+        y.backward(dy.as_subclass(torch.Tensor))
+    assert nodes == ["CakeCausalConv1dDetFunctionBackward"] * 2
+    assert [launch.entry for launch in gpu if launch.entry != "workspace_bytes"] == \
+        ["forward", "backward"] * 2
+    assert [leaf.grad.shape for leaf in leaves] == [(64, 32), (32, 4), (32,)]
+    gpu.clear()
+    with torch.no_grad():
+        assert conv.cake_causal_conv1d_det(*leaves, cu).grad_fn is None
+    assert [launch.entry for launch in gpu] == ["forward"]
+
+
 # --------------------------------------------------------------------------- names
 
 

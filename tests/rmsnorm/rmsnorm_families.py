@@ -91,6 +91,12 @@ class Family:
             return gated_pkg.cake_gated_rmsnorm_det(x, g, w, residual, **kw)
         return plain_pkg.cake_rmsnorm_det(x, w, residual, **kw)
 
+    def apply(self, x, g, w, residual=None, eps=1e-6, weight_offset=0.0):
+        """The public ``autograd.Function``'s apply (it launches inside its forward)."""
+        if self.gated:
+            return gated_pkg.CakeGatedRMSNormDetFunction.apply(x, g, w, residual, eps, weight_offset)
+        return plain_pkg.CakeRMSNormDetFunction.apply(x, w, residual, eps, weight_offset)
+
     def module(self, hidden, **kw):
         return gated_pkg.CakeGatedRMSNormDet(hidden, **kw) if self.gated else \
             plain_pkg.CakeRMSNormDet(hidden, **kw)

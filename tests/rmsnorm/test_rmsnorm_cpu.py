@@ -325,6 +325,34 @@ def test_rmsnorm_autograd_backward_reuses_the_forward_plan(gpu, validations, fam
     assert leaves[2].grad.shape == (64,) and (r is None or r.grad.shape == (8, 64))
 
 
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm_functional_and_public_apply_launch_and_record_alike(gpu, family, residual):
+    """The functional launches, then records the call in autograd (host.eager_apply); the
+    public Function.apply launches inside its forward. Same programs, same graph node type,
+    gradients of the same shapes; under no_grad the functional launches and records nothing."""
+    x, g, w = _rms_case()
+    leaves = [cuda(t.detach()).requires_grad_() for t in (x, g, w)]
+    r = cuda(torch.randn(8, 64).to(torch.bfloat16)).requires_grad_() if residual else None
+    dy = torch.randn(8, 64).to(torch.bfloat16)
+    nodes = []
+    for call in (family.functional, family.apply):
+        out = call(leaves[0], leaves[1], leaves[2], r)
+        y = out[0] if residual else out
+        nodes.append(type(y.grad_fn).__name__)
+        y.backward(dy)
+    function = "CakeGatedRMSNormDetFunction" if family.gated else "CakeRMSNormDetFunction"
+    assert nodes == [f"{function}Backward"] * 2
+    assert [(launch.library, launch.entry) for launch in gpu if launch.entry != "workspace_bytes"] \
+        == [(gpu[0].library, "forward"), (gpu[0].library, "backward")] * 2
+    assert all(leaf.grad.shape == leaf.shape for leaf in leaves if family.gated or leaf is not leaves[1])
+    gpu.clear()
+    with torch.no_grad():
+        out = family.functional(leaves[0], leaves[1], leaves[2], r)
+    assert (out[0] if residual else out).grad_fn is None
+    assert [launch.entry for launch in gpu] == ["forward"]
+
+
 # --------------------------------------------------------------------------- names
 
 
