@@ -134,7 +134,7 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, g, weight, residual, eps, weight_offset):
         return _keep(ctx, x, g, weight, residual, eps, weight_offset,
-                     _launch(x, g, weight, residual, eps, weight_offset))
+                     _PROGRAMS.launch(x, g, weight, residual, eps, weight_offset))
 
     @staticmethod
     def backward(ctx, dy, dsum=None):
@@ -144,10 +144,6 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
             weight_offset=ctx.weight_offset, has_residual=ctx.has_residual)
         return host.backward_result(len(ctx.needs_input_grad),
                                     {0: dx, 1: dg, 2: dweight, 3: dresidual})
-
-
-def _launch(x, g, weight, residual, eps, weight_offset) -> tuple:
-    return _PROGRAMS.launch(x, g, weight, residual, eps, weight_offset)
 
 
 def _keep(ctx, x, g, weight, residual, eps, weight_offset, launched):
@@ -161,7 +157,8 @@ def _keep(ctx, x, g, weight, residual, eps, weight_offset, launched):
     return y if s is None else (y, s)
 
 
-_eager_apply = host.eager_apply(CakeGatedRMSNormDetFunction, _launch, _keep)
+# The apply's arguments are Programs.launch's: it serves as the family's launch directly.
+_eager_apply = host.eager_apply(CakeGatedRMSNormDetFunction, _PROGRAMS.launch, _keep)
 
 
 # --------------------------------------------------------------------------- torch.compile
