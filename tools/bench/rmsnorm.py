@@ -473,6 +473,19 @@ TUNE_VARIANTS = {
                         "CAKE_BACKWARD_BANDS": 264},
     # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
+    # quack 0.6.5's Hopper backward at D = 1024 (rmsnorm_config.py): one 128-thread row of 8
+    # elements a CTA step, 8 CTAs an SM in one wave (132 x 8 partial rows); and neighbours of it.
+    # In cake's kernel: 65-77% of copy at D = 1024, 2048 with 8 elements a thread, 71-92% with 16 in
+    # 128-thread CTAs, against the table's 87-94% (2026-12-02-h200-rmsnorm-backward-quack-shape-tune.json).
+    "bwd_cta128_ept8_bands1056": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 128,
+                                  "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_cta128_ept8_bands1056_stages3": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 128,
+                                          "CAKE_BACKWARD_BANDS": 1056, "CAKE_BACKWARD_STAGES": 3},
+    "bwd_cta256_ept8_bands528": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 256,
+                                 "CAKE_BACKWARD_BANDS": 528},
+    "bwd_cta128_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_cta128_bands1056_stages3": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056,
+                                     "CAKE_BACKWARD_STAGES": 3},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
     "row256": {"CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
