@@ -65,7 +65,8 @@ class Family:
 
     def rows_per_band(self, rows: int) -> int:
         """The kernels' band of ``rows``: the rows a backward CTA takes on average (the grid
-        has ceil(rows / band) CTAs, which take the row steps in turn)."""
+        has ceil(rows / band) CTAs, which take the row steps in turn; with CAKE_BACKWARD_GUIDED
+        1, half as many take each half of them, so a CTA still takes a band's rows)."""
         return max(MIN_ROWS_PER_BAND, -(-rows // self.backward_bands))
 
     def forward(self, x, g, w, residual=None, **kw):

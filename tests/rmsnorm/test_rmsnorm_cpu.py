@@ -411,15 +411,19 @@ def _call(compiled, name, entry, args):
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_bytes_entry(compiled, name):
-    """One fp32 partial row (D rounded up to 4) per backward band: at most the table's
-    CAKE_BACKWARD_BANDS bands of at least 16 rows."""
-    bands = family_table(name).specs[0].params["CAKE_BACKWARD_BANDS"]
+    """One fp32 partial row (D rounded up to 4) per backward CTA: one per band (at most the
+    table's CAKE_BACKWARD_BANDS bands of at least 16 rows), or with CAKE_BACKWARD_GUIDED h a wave
+    of half as many CTAs for each of its h + 1 regions."""
+    params = family_table(name).specs[0].params
+    bands, guided = params["CAKE_BACKWARD_BANDS"], params["CAKE_BACKWARD_GUIDED"]
     out = ctypes.c_int64(-1)
-    for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (16 * bands, 4096), (16 * bands + 1, 16),
+    for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (48, 8), (16 * bands, 4096), (16 * bands + 1, 16),
                        (65536, 1024), (10 ** 7, 16384)):
         per = max(16, -(-rows // bands))
         ctas = -(-rows // per)
         assert ctas <= bands and (rows == 0) == (ctas == 0)
+        if guided:
+            ctas = -(-ctas // 2) * (guided + 1)
         assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)]) == (0, "")
         assert out.value == ctas * ((cols + 3) // 4 * 4) * 4, (rows, cols)
     status, message = _call(compiled, name, "workspace_bytes", [10, 12, ctypes.addressof(out)])

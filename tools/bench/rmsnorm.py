@@ -467,6 +467,15 @@ TUNE_VARIANTS = {
     # rows each (2026-12-02, tools/bench/results/2026-12-02-h200-rmsnorm-backward-interleave-*).
     "bwd_interleave": {"CAKE_BACKWARD_INTERLEAVE": 1},
     "bwd_bands": {"CAKE_BACKWARD_INTERLEAVE": 0},
+    # The row steps in regions of 1/2, 1/4, ..., each taken in turn by a wave of half the bands'
+    # CTAs (CAKE_BACKWARD_GUIDED; the gated table's 1 since 2026-12-02, tools/bench/results/
+    # 2026-12-02-h200-rmsnorm-backward-guided-tune-*.json), and with other band counts.
+    "bwd_guided1": {"CAKE_BACKWARD_GUIDED": 1},
+    "bwd_guided2": {"CAKE_BACKWARD_GUIDED": 2},
+    "bwd_guided3": {"CAKE_BACKWARD_GUIDED": 3},
+    "bwd_guided4": {"CAKE_BACKWARD_GUIDED": 4},
+    "bwd_bands264_guided1": {"CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_GUIDED": 1},
+    "bwd_bands1056_guided1": {"CAKE_BACKWARD_BANDS": 1056, "CAKE_BACKWARD_GUIDED": 1},
     # The gated backward's shape (3-slot ring, no register bound, one CTA an SM, one wave of
     # bands) for RMSNorm's.
     "bwd_gated_shape": {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,

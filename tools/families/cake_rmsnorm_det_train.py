@@ -66,14 +66,20 @@ TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_P
           "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
           "CAKE_BACKWARD_BANDS": 528, "CAKE_BACKWARD_OVERLAP_STAGING": 1,
-          "CAKE_BACKWARD_INTERLEAVE": 1, "CAKE_FORWARD_MIN_BLOCKS": 0,
+          "CAKE_BACKWARD_INTERLEAVE": 1, "CAKE_BACKWARD_GUIDED": 0, "CAKE_FORWARD_MIN_BLOCKS": 0,
           "CAKE_BACKWARD_MIN_BLOCKS": 2}
 # The gated backward, whose ring slot holds three tensors, keeps a 3-slot ring without the
 # register bound (80-85% against 74-81%; its rows in registers measured 81-86% but spill 16
 # bytes at the 128 registers a 512-thread row allows). Its 512-thread CTAs then take an SM
-# each, so 264 bands make its two waves.
+# each, so 264 bands make its two waves; each wave takes one half of the row steps in turn
+# (CAKE_BACKWARD_GUIDED 1) rather than every other 132 of them: in two H200 tunes of 2026-12-02
+# on two machines, two runs each (tools/bench/results/2026-12-02-h200-rmsnorm-backward-guided-
+# tune-{1,2}{a,b}.json), 0.0-4.3 points of copy ahead at every shape and run (3.2-4.3 at 65536 x
+# 4096). RMSNorm's backward (two CTAs an SM) gained nothing from it (-1.2..+0.5) or from more,
+# shorter regions (up to 6.4 behind at T = 65536).
 GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
-                "CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_OVERLAP_STAGING": 0}
+                "CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_OVERLAP_STAGING": 0,
+                "CAKE_BACKWARD_GUIDED": 1}
 # RMSNorm's 16-bit vector forward: rows of at most 64 threads below 32 elements a thread, so
 # 32 elements a thread from D = 1025 up (row groups of 64-512 threads), where 512 threads a row
 # kept 16 up to D = 8192. A row step's fixed instructions then cover twice the data: 0.6-2.2

@@ -42,13 +42,15 @@
 //
 // Determinism. Forward rows are independent, so the forward grid is free (kForwardCtaRows). The
 // weight gradient is reduced in an order fixed by (rows, cols) and the program only: the grid
-// has ctas = ceil(rows / rows_per_cta) CTAs (rows_per_cta from the row count and
-// Config::kBackwardBands), and CTA b owns either the rows [b * rows_per_cta, (b + 1) *
-// rows_per_cta) or (Config::kBackwardInterleave) every ctas-th step of `groups` rows from step b
-// (BackwardSpan); its row groups take those rows round-robin and accumulate in row order
-// (WeightGrad); the groups are summed in group order through shared memory into the CTA's fp32
-// partial row of the workspace; a second kernel sums the partial rows of each column in a fixed
-// order. No atomics in the kernels; nothing depends on the device's SM count.
+// has one CTA per band of rows_per_cta rows (rows_per_cta from the row count and
+// Config::kBackwardBands), or with Config::kBackwardGuided half as many per region
+// (backward_ctas), and CTA b owns either the rows [b * rows_per_cta, (b + 1) * rows_per_cta), or
+// (Config::kBackwardInterleave) every ctas-th step of `groups` rows from step b, or every
+// wave-th step of its region (BackwardSpan); its row groups take those rows round-robin and
+// accumulate in row order (WeightGrad); the groups are summed in group order through shared
+// memory into the CTA's fp32 partial row of the workspace; a second kernel sums the partial rows
+// of each column in a fixed order. No atomics in the kernels; nothing depends on the device's SM
+// count.
 #pragma once
 
 #include <cstdint>
@@ -117,6 +119,11 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kBackwardInterleave  0: a backward CTA takes a band of consecutive rows; 1: the CTAs take
 //                        the row steps in turn, so that they all stream through one window of
 //                        the tensors (BackwardSpan)
+//   kBackwardGuided      0, or h >= 1 with kBackwardInterleave: the row steps in h + 1 regions
+//                        (halves for h = 1; else 1/2, 1/4, ..., 1/2^h, 1/2^h of them), each
+//                        taken in turn by a wave of half the bands' CTAs (the bands make two
+//                        waves): a wave streams through its own part of the tensors, and the
+//                        CTAs the block scheduler starts last are the shortest (BackwardSpan)
 __host__ __device__ constexpr bool valid_cta_threads(int threads) {
   return threads == 128 || threads == 256 || threads == 512;
 }
@@ -136,7 +143,8 @@ __host__ __device__ constexpr bool valid_config() {
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
          Cfg::kBackwardWeights <= 2 && Cfg::kForwardCtaRows >= 0 && Cfg::kBackwardBands >= 1 &&
          (Cfg::kBackwardOverlapStaging == 0 || Cfg::kBackwardOverlapStaging == 1) &&
-         (Cfg::kBackwardInterleave == 0 || Cfg::kBackwardInterleave == 1);
+         (Cfg::kBackwardInterleave == 0 || Cfg::kBackwardInterleave == 1) && Cfg::kBackwardGuided >= 0 &&
+         Cfg::kBackwardGuided <= 8 && (Cfg::kBackwardGuided == 0 || Cfg::kBackwardInterleave == 1);
 }
 
 // --------------------------------------------------------------------------- parameters
@@ -1216,8 +1224,12 @@ __device__ __forceinline__ void backward_sums(const Pack<T>& s, const Pack<T>& d
 // k * stride + g for the row groups g, below end (as StepRows walks them). Either the CTA's band
 // of rows_per_cta consecutive rows, or (Cfg::kBackwardInterleave) every gridDim.x-th step of the
 // whole tensor from step blockIdx.x: then the CTAs stream through one window of the tensors
-// together instead of gridDim.x windows of their own. Either way a row group's rows come in row
-// order, and which CTA takes a row depends on (rows, cols) and the program alone.
+// together instead of gridDim.x windows of their own; or (Cfg::kBackwardGuided h) the steps split
+// into h + 1 regions (halves for h = 1; else 1/2, 1/4, ..., 1/2^h, 1/2^h) with a wave of
+// gridDim.x / (h + 1) CTAs each, region r's in grid order after region r - 1's (the order the
+// block scheduler starts them), every wave-th step of the region from the CTA's place in its
+// wave. Either way a row group's rows come in row order, and which CTA takes a row depends on
+// (rows, cols) and the program alone.
 struct BackwardSpan {
   int64_t first;
   int64_t stride;
@@ -1227,7 +1239,17 @@ struct BackwardSpan {
   template <class Cfg>
   __device__ __forceinline__ static BackwardSpan of(const BackwardParams& p, int groups) {
     BackwardSpan span;
-    if constexpr (Cfg::kBackwardInterleave != 0) {
+    if constexpr (Cfg::kBackwardGuided > 0) {
+      constexpr int kRegions = Cfg::kBackwardGuided + 1;
+      const int64_t wave = gridDim.x / kRegions;
+      const int64_t region = blockIdx.x / wave;
+      const int64_t steps = (p.rows + groups - 1) / groups;
+      const int64_t begin = steps - (steps >> region);
+      const int64_t stop = region + 1 < kRegions ? steps - (steps >> (region + 1)) : steps;
+      span.first = (begin + blockIdx.x - region * wave) * groups;
+      span.stride = wave * groups;
+      span.end = stop * groups < p.rows ? stop * groups : p.rows;
+    } else if constexpr (Cfg::kBackwardInterleave != 0) {
       span.first = static_cast<int64_t>(blockIdx.x) * groups;
       span.stride = static_cast<int64_t>(gridDim.x) * groups;
       span.end = p.rows;
@@ -1621,6 +1643,15 @@ template <class Cfg>
 inline int64_t backward_rows_per_cta(int64_t rows) {
   const int64_t even = (rows + Cfg::kBackwardBands - 1) / Cfg::kBackwardBands;
   return even > kMinRowsPerCta ? even : kMinRowsPerCta;
+}
+
+// The backward's CTAs (weight-gradient partial rows): one a band, or (Cfg::kBackwardGuided) a
+// wave of half as many for each region (BackwardSpan).
+template <class Cfg>
+inline int64_t backward_ctas(int64_t rows) {
+  const int64_t per = backward_rows_per_cta<Cfg>(rows);
+  const int64_t bands = (rows + per - 1) / per;
+  return Cfg::kBackwardGuided > 0 ? (bands + 1) / 2 * (Cfg::kBackwardGuided + 1) : bands;
 }
 
 inline int padded_cols(int cols) { return (cols + 3) / 4 * 4; }

@@ -17,6 +17,7 @@ cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p,
                                          cudaStream_t stream);
 cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream);
 int64_t cake_library_backward_rows_per_cta(int64_t rows);
+int64_t cake_library_backward_ctas(int64_t rows);
 
 namespace {
 
@@ -24,7 +25,7 @@ constexpr int kElemBytes = CAKE_DTYPE == 2 ? 4 : 2;
 constexpr cake::rmsnorm::ProgramShape kShape{kElemBytes, CAKE_VECTOR ? 16 / kElemBytes : 1, CAKE_GATED != 0};
 constexpr cake::rmsnorm::Launchers kLaunchers{cake_library_launch_forward, cake_library_launch_backward,
                                               cake_library_launch_dweight,
-                                              cake_library_backward_rows_per_cta};
+                                              cake_library_backward_rows_per_cta, cake_library_backward_ctas};
 
 }  // namespace
 

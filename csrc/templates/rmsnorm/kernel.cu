@@ -10,7 +10,7 @@
 // CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS, CAKE_FORWARD_MIN_ROW_THREADS,
 // CAKE_{FORWARD,BACKWARD}_CTA_THREADS, CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS,
-// CAKE_BACKWARD_OVERLAP_STAGING, CAKE_BACKWARD_INTERLEAVE, and
+// CAKE_BACKWARD_OVERLAP_STAGING, CAKE_BACKWARD_INTERLEAVE, CAKE_BACKWARD_GUIDED, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
 // the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
 // that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
@@ -39,6 +39,7 @@
 #define CAKE_BACKWARD_BANDS 1024
 #define CAKE_BACKWARD_OVERLAP_STAGING 0
 #define CAKE_BACKWARD_INTERLEAVE 0
+#define CAKE_BACKWARD_GUIDED 0
 #define CAKE_FORWARD_MIN_BLOCKS 3
 #define CAKE_BACKWARD_MIN_BLOCKS 2
 // cake:end-params
@@ -75,6 +76,7 @@ struct Config {
   static constexpr int kBackwardBands = CAKE_BACKWARD_BANDS;
   static constexpr int kBackwardOverlapStaging = CAKE_BACKWARD_OVERLAP_STAGING;
   static constexpr int kBackwardInterleave = CAKE_BACKWARD_INTERLEAVE;
+  static constexpr int kBackwardGuided = CAKE_BACKWARD_GUIDED;
 };
 static_assert(cake::rmsnorm::valid_config<Config>(),
               "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
@@ -134,3 +136,5 @@ cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, c
 int64_t cake_library_backward_rows_per_cta(int64_t rows) {
   return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
 }
+
+int64_t cake_library_backward_ctas(int64_t rows) { return cake::rmsnorm::backward_ctas<Config>(rows); }
