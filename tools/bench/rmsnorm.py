@@ -480,6 +480,11 @@ TUNE_VARIANTS = {
     # bands) for RMSNorm's.
     "bwd_gated_shape": {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
                         "CAKE_BACKWARD_BANDS": 264},
+    # ... with its waves in halves (the gated table since 2026-12-02), and a 4-slot ring.
+    "bwd_gated_shape_guided1": {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
+                                "CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_GUIDED": 1},
+    "bwd_gated_shape_stages4_guided1": {"CAKE_BACKWARD_STAGES": 4, "CAKE_BACKWARD_MIN_BLOCKS": 0,
+                                        "CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_GUIDED": 1},
     # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
     # quack 0.6.5's Hopper backward at D = 1024 (rmsnorm_config.py): one 128-thread row of 8
