@@ -405,6 +405,9 @@ def host_overhead(calls: int = 300) -> list:
 
 # --------------------------------------------------------------------------- tuning
 
+# The gated table's backward shape, for RMSNorm's backward in the variants below.
+GATED_BACKWARD_SHAPE = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_BANDS": 264}
+
 # Variants swept by --tune: knob overrides (csrc/templates/rmsnorm/kernel.cu) on top of each
 # family's bf16 vector tuning in its table (``tuning`` in tools/families/cake_rmsnorm_det_train.py;
 # the two families differ in the backward's stages and register bound), one knob at a time, and a
@@ -476,15 +479,13 @@ TUNE_VARIANTS = {
     "bwd_guided4": {"CAKE_BACKWARD_GUIDED": 4},
     "bwd_bands264_guided1": {"CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_GUIDED": 1},
     "bwd_bands1056_guided1": {"CAKE_BACKWARD_BANDS": 1056, "CAKE_BACKWARD_GUIDED": 1},
-    # The gated backward's shape (3-slot ring, no register bound, one CTA an SM, one wave of
-    # bands) for RMSNorm's.
-    "bwd_gated_shape": {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
-                        "CAKE_BACKWARD_BANDS": 264},
-    # ... with its waves in halves (the gated table since 2026-12-02), and a 4-slot ring.
-    "bwd_gated_shape_guided1": {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
-                                "CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_GUIDED": 1},
-    "bwd_gated_shape_stages4_guided1": {"CAKE_BACKWARD_STAGES": 4, "CAKE_BACKWARD_MIN_BLOCKS": 0,
-                                        "CAKE_BACKWARD_BANDS": 264, "CAKE_BACKWARD_GUIDED": 1},
+    # The gated backward's shape (3-slot ring, no register bound, one CTA an SM, two waves of
+    # bands) for RMSNorm's; with its waves in halves (the gated table since 2026-12-02), and a
+    # 4-slot ring.
+    "bwd_gated_shape": GATED_BACKWARD_SHAPE,
+    "bwd_gated_shape_guided1": {**GATED_BACKWARD_SHAPE, "CAKE_BACKWARD_GUIDED": 1},
+    "bwd_gated_shape_stages4_guided1": {**GATED_BACKWARD_SHAPE, "CAKE_BACKWARD_STAGES": 4,
+                                        "CAKE_BACKWARD_GUIDED": 1},
     # Main's backward before 2026-12-01's bands: 256-thread CTAs in 1024 bands, both families.
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
     # quack 0.6.5's Hopper backward at D = 1024 (rmsnorm_config.py): one 128-thread row of 8
