@@ -147,14 +147,8 @@ class CakeGatedRMSNormDetFunction(torch.autograd.Function):
 
 
 def _keep(ctx, x, g, weight, residual, eps, weight_offset, launched):
-    """Keeps what the backward needs from a launched forward; returns its outputs."""
-    plan, y, s, rstd = launched
-    ctx.set_materialize_grads(False)
-    ctx.plan = plan
-    ctx.has_residual = residual is not None
-    ctx.weight_offset = weight_offset
-    ctx.save_for_backward(x if s is None else s, g, weight, rstd)
-    return y if s is None else (y, s)
+    return _PROGRAMS.keep(ctx, launched, x=x, gate=g, weight=weight, residual=residual,
+                          weight_offset=weight_offset)
 
 
 # The apply's arguments are Programs.launch's: it serves as the family's launch directly.

@@ -145,7 +145,7 @@ class CakeRMSNormDetFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dsum=None):
-        s, weight, rstd = ctx.saved_tensors
+        s, _, weight, rstd = ctx.saved_tensors
         dx, _, dresidual, dweight = _PROGRAMS.autograd_backward(
             ctx.plan, s=s, gate=None, weight=weight, rstd=rstd, dy=dy, dsum=dsum,
             weight_offset=ctx.weight_offset, has_residual=ctx.has_residual)
@@ -157,14 +157,8 @@ def _launch(x, weight, residual, eps, weight_offset) -> tuple:
 
 
 def _keep(ctx, x, weight, residual, eps, weight_offset, launched):
-    """Keeps what the backward needs from a launched forward; returns its outputs."""
-    plan, y, s, rstd = launched
-    ctx.set_materialize_grads(False)
-    ctx.plan = plan
-    ctx.has_residual = residual is not None
-    ctx.weight_offset = weight_offset
-    ctx.save_for_backward(x if s is None else s, weight, rstd)
-    return y if s is None else (y, s)
+    return _PROGRAMS.keep(ctx, launched, x=x, gate=None, weight=weight, residual=residual,
+                          weight_offset=weight_offset)
 
 
 _eager_apply = host.eager_apply(CakeRMSNormDetFunction, _launch, _keep)

@@ -336,11 +336,25 @@ class Programs:
 
     def launch(self, x, gate, weight, residual, eps, weight_offset) -> tuple:
         """An autograd forward's launch (outputs allocated here): ``(plan, y, residual_out or
-        None, rstd)``, what the families' ``_keep`` records."""
+        None, rstd)``, what :meth:`keep` records."""
         plan = self.forward_plan(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
                                  weight_offset=weight_offset)
         return (plan, *self.forward(plan, x=x, gate=gate, weight=weight, residual=residual,
                                     eps=eps, weight_offset=weight_offset))
+
+    @staticmethod
+    def keep(ctx, launched: tuple, *, x, gate, weight, residual, weight_offset):
+        """Records on an autograd ``ctx`` what :meth:`autograd_backward` needs from a forward
+        that :meth:`launch` gave ``launched``: the plan, and as saved tensors the normalised input
+        (x, or the prenorm sum), the gate (None without), the weight and rstd. Returns the
+        forward's outputs: y, or (y, the prenorm sum) with a residual."""
+        plan, y, s, rstd = launched
+        ctx.set_materialize_grads(False)
+        ctx.plan = plan
+        ctx.has_residual = residual is not None
+        ctx.weight_offset = weight_offset
+        ctx.save_for_backward(x if s is None else s, gate, weight, rstd)
+        return y if s is None else (y, s)
 
     def backward(self, plan: host.Plan, *, dy, x, gate, weight, rstd, dsum, weight_offset,
                  grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
