@@ -967,7 +967,7 @@ __device__ __forceinline__ void forward_registers(const ForwardParams& p) {
     const float rstd = rsqrtf(ssq * inv_cols + p.eps);
     if (row_ok) {
       if (p.rstd != nullptr && lane == 0) p.rstd[row] = rstd;
-      T* y_first = y + offset + lane * kVec;  // as load_slice
+      T* y_first = y + offset + lane * kVec;  // the thread's first pack in the row (load_slice's pointer)
 #pragma unroll
       for (int c = 0; c < kVpt; ++c) {
         const int col = S::column(c, tpr, lane);
@@ -1243,9 +1243,9 @@ struct BackwardSpan {
       constexpr int kRegions = Cfg::kBackwardGuided + 1;
       const int64_t wave = gridDim.x / kRegions;
       const int64_t region = blockIdx.x / wave;
-      const int64_t steps = (p.rows + groups - 1) / groups;
-      const int64_t begin = steps - (steps >> region);
-      const int64_t stop = region + 1 < kRegions ? steps - (steps >> (region + 1)) : steps;
+      const int64_t all_steps = (p.rows + groups - 1) / groups;
+      const int64_t begin = all_steps - (all_steps >> region);
+      const int64_t stop = region + 1 < kRegions ? all_steps - (all_steps >> (region + 1)) : all_steps;
       span.first = (begin + blockIdx.x - region * wave) * groups;
       span.stride = wave * groups;
       span.end = stop * groups < p.rows ? stop * groups : p.rows;
