@@ -556,13 +556,11 @@ TUNE_VARIANTS = {
     # spill at 32): 0.9-1.0 points behind the table at D = 4096
     # (tools/bench/results/2026-12-02-h200-rmsnorm-dweight-dependent-launch-tune.json).
     "one_row_wide_row256": dict(plain_table.ONE_ROW_WIDE_FORWARD_TUNING, CAKE_FORWARD_MIN_ROW_THREADS=256),
-    # On the one-row forward at D = 4096: two 256-thread rows a CTA (tools/bench/results/2026-12-03-
-    # h200-rmsnorm-forward-4096-weights-first-tune1.json), and a CTA's next rows loaded while it
-    # writes the current one (2 or 4 rows a CTA, at 40 or 64 registers; ...-forward-4096-rows-
-    # tune{1,2}.json): 2.3-4.7 points behind the table.
-    "fwd_cta512": {"CAKE_FORWARD_CTA_THREADS": 512},
-    "fwd_rows2": {"CAKE_FORWARD_CTA_ROWS": 2},
-    "fwd_rows4": {"CAKE_FORWARD_CTA_ROWS": 4},
+    # On the one-row forward at D = 4096, with fwd_cta512 (two 256-thread rows a CTA; tools/bench/
+    # results/2026-12-03-h200-rmsnorm-forward-4096-weights-first-tune1.json) and fwd_rows2,
+    # fwd_rows4 above: a CTA's next rows loaded while it writes the current one (2 or 4 rows a
+    # CTA, at 40 or 64 registers; ...-forward-4096-rows-tune{1,2}.json): 2.3-4.7 points behind
+    # the table.
     "fwd_rows2_mb2": {"CAKE_FORWARD_CTA_ROWS": 2, "CAKE_FORWARD_MIN_BLOCKS": 2},
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
