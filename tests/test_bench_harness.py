@@ -1,6 +1,6 @@
 """The benchmark harness's trace breakdown (``Bench.device_breakdown``), on a synthetic Chrome
-trace with the categories torch.profiler writes, and the README's peer table against the run it
-quotes: no GPU needed."""
+trace with the categories torch.profiler writes; its host-hidden timing (``hide_host``) on a
+model of one stream; and the README's peer table against the run it quotes: no GPU needed."""
 
 from __future__ import annotations
 
@@ -96,3 +96,71 @@ def test_readme_peer_table_is_the_committed_profiled_run():
     assert table.splitlines()[0] in readme
     start = readme.index(table.splitlines()[0])
     assert readme[start:start + len(table)] == table
+
+class _Stream:
+    """One CUDA stream as the harness sees it, in microseconds: a flush is FLUSH_US of device
+    work enqueued at no host cost; a call spends ``host_us`` on the host, then enqueues
+    DEVICE_US of device work. Events are stamped when the device reaches them."""
+
+    FLUSH_US, DEVICE_US = 60.0, 100.0
+
+    def __init__(self, host_us):
+        self.host_us, self.host, self.device_free = host_us, 0.0, 0.0
+        self.flushes = []  # flushes before each timed interval
+
+    def enqueue(self, us):
+        self.device_free = max(self.device_free, self.host) + us
+
+    def call(self):
+        self.host += self.host_us
+        self.enqueue(self.DEVICE_US)
+
+
+class _Event:
+    def __init__(self, stream):
+        self.stream, self.stamp = stream, None
+
+    def record(self):
+        self.stamp = max(self.stream.device_free, self.stream.host)
+
+    def query(self):
+        return self.stream.host >= self.stamp
+
+    def synchronize(self):
+        self.stream.host = max(self.stream.host, self.stamp)
+
+    def elapsed_time(self, end):
+        return (end.stamp - self.stamp) / 1e3
+
+
+def _modelled_bench(host_us):
+    stream = _Stream(host_us)
+    bench = object.__new__(harness.Bench)
+    bench._start, bench._stop, bench._cover = _Event(stream), _Event(stream), 1
+    bench.flush = lambda: stream.enqueue(stream.FLUSH_US)
+    return bench, stream
+
+
+def test_hide_host_doubles_the_flushes_until_the_call_is_queued_before_the_device_reaches_it():
+    bench, stream = _modelled_bench(host_us=150.0)
+    # As a user calls it: 60 us of flush hide 60 of the 150 us host path; 90 show.
+    assert bench.once(stream.call) * 1e3 == stream.DEVICE_US + 90.0
+    # Hidden: 1 and 2 flushes (60, 120 us) fall short; 4 (240 us) cover the host path.
+    assert bench.once(stream.call, hide_host=True) * 1e3 == stream.DEVICE_US
+    assert bench._cover == 4
+    before = stream.device_free
+    assert bench.once(stream.call, hide_host=True) * 1e3 == stream.DEVICE_US
+    assert stream.device_free - before == 4 * stream.FLUSH_US + stream.DEVICE_US  # starts at 4
+
+
+def test_hide_host_reports_the_flushes_it_needed_and_refuses_a_call_it_cannot_hide():
+    import pytest
+
+    bench, stream = _modelled_bench(host_us=30.0)
+    bench.torch = type("torch", (), {"cuda": type("cuda", (), {"synchronize": staticmethod(lambda d: None)})})
+    bench.device = None
+    timing = bench.interleaved({"call": stream.call}, warmup=0, iters=3, hide_host=True)["call"]
+    assert timing.samples == [stream.DEVICE_US / 1e3] * 3 and timing.flushes == 1
+    bench, stream = _modelled_bench(host_us=(harness.MAX_COVER_FLUSHES + 1) * _Stream.FLUSH_US)
+    with pytest.raises(harness.HostNotHidden):
+        bench.once(stream.call, hide_host=True)

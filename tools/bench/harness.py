@@ -13,19 +13,28 @@ Use::
     bench = harness.Bench()
     bw = bench.copy_bandwidth()                # bytes/s
     times = bench.interleaved({"cake": f, "peer": g}, iters=50)   # name -> Timing
+    kernels = bench.interleaved({"cake": f, "peer": g}, hide_host=True)
     split = bench.device_breakdown({"cake": f, "peer": g})        # device and idle us per call
     print(harness.format_table(rows))
 
 ``host_inclusive=True`` synchronizes after the flush, so the interval also holds the host work
 of the call (Python, validation, launches): the figure an eager training step sees when the
-GPU waits for the host. ``tune_libraries`` renders and JIT-compiles a family's templates with
-other knob values (tuning sweeps). Torch is imported lazily; nothing here knows any family.
+GPU waits for the host. ``hide_host=True`` does the opposite: the flush is repeated until the
+device is still busy with it when the call has enqueued all its work (checked on every sample),
+so the interval holds the call's device work and the gaps between its operations, and none of
+its host path: the time of the call's kernels, for every peer alike. Samples are taken with
+Python's cyclic garbage collector paused, as ``timeit`` does.
+
+``tune_libraries`` renders and JIT-compiles a family's templates with other knob values (tuning
+sweeps). Torch is imported lazily; nothing here knows any family.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import gc
 import json
 import shutil
 import statistics
@@ -34,13 +43,22 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 FLUSH_BYTES = 256 << 20
+# ~30 ms of flushes on the H200: the longest host paths timed (FLA's backward) take 1-4 ms, so a
+# call not hidden behind this many synchronizes with the device (or waits for something else).
+MAX_COVER_FLUSHES = 512
+
+
+class HostNotHidden(RuntimeError):
+    """A call's host path outlasted ``MAX_COVER_FLUSHES`` flushes (or the call synchronized)."""
 
 
 @dataclasses.dataclass
 class Timing:
-    """Milliseconds of each measured call."""
+    """Milliseconds of each measured call; ``flushes``: the most flushes before one of them
+    (more than one where ``hide_host`` needed them to cover the host paths)."""
 
     samples: list
+    flushes: int = 1
 
     @property
     def median(self) -> float:
@@ -66,30 +84,61 @@ class Bench:
         self._flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=self.device)
         self._start = torch.cuda.Event(enable_timing=True)
         self._stop = torch.cuda.Event(enable_timing=True)
+        self._cover = 1  # flushes before each hide_host sample: one count for all calls timed
 
     def flush(self) -> None:
         self._flush.fill_(0x5A5A5A5A)
 
-    def once(self, fn: Callable[[], object], *, host_inclusive: bool = False) -> float:
-        """One flushed, event-timed call of ``fn``; milliseconds."""
-        self.flush()
+    def once(self, fn: Callable[[], object], *, host_inclusive: bool = False,
+             hide_host: bool = False) -> float:
+        """One flushed, event-timed call of ``fn``; milliseconds (module docstring: the modes)."""
+        if hide_host:
+            return self._once_hidden(fn)
+        return self._timed(fn, flushes=1, host_inclusive=host_inclusive)[0]
+
+    def _timed(self, fn, *, flushes: int, host_inclusive: bool = False,
+               check_start: bool = False) -> tuple:
+        """(ms, with ``check_start``: whether the device had passed the start event when ``fn``
+        returned, i.e. waited for some of its host path)."""
+        for _ in range(flushes):
+            self.flush()
         if host_inclusive:
             self.torch.cuda.synchronize(self.device)
         self._start.record()
         fn()
+        started = check_start and self._start.query()
         self._stop.record()
         self._stop.synchronize()
-        return self._start.elapsed_time(self._stop)
+        return self._start.elapsed_time(self._stop), started
+
+    def _once_hidden(self, fn) -> float:
+        """A sample whose start event the device had not reached when ``fn`` returned: all of
+        its work was queued behind the flushes, so none of its host time is in the interval.
+        Doubles the flushes until that holds, for this sample and the later ones of every call
+        timed together (so that peers are not timed behind different amounts of work)."""
+        while self._cover <= MAX_COVER_FLUSHES:
+            ms, started = self._timed(fn, flushes=self._cover, check_start=True)
+            if not started:
+                return ms
+            self._cover *= 2
+        raise HostNotHidden(f"the device reached the call before its host path ended, even "
+                            f"behind {MAX_COVER_FLUSHES} flushes (does it synchronize?)")
 
     def time(self, fn: Callable[[], object], *, warmup: int = 5, iters: int = 50,
-             host_inclusive: bool = False) -> Timing:
+             host_inclusive: bool = False, hide_host: bool = False) -> Timing:
         for _ in range(warmup):
             fn()
         self.torch.cuda.synchronize(self.device)
-        return Timing([self.once(fn, host_inclusive=host_inclusive) for _ in range(iters)])
+        self._cover = 1
+        samples = []
+        with _gc_paused():
+            for _ in range(iters):
+                gc.collect(0)
+                samples.append(self.once(fn, host_inclusive=host_inclusive, hide_host=hide_host))
+        return Timing(samples, self._cover)
 
     def interleaved(self, fns: Mapping[str, Callable[[], object]], *, warmup: int = 5,
-                    iters: int = 50, host_inclusive: bool = False) -> dict:
+                    iters: int = 50, host_inclusive: bool = False, hide_host: bool = False) -> dict:
         """Times several peers of one shape in A B B A order per round; name -> Timing."""
         names = list(fns)
         for name in names:
@@ -97,11 +146,18 @@ class Bench:
                 fns[name]()
         self.torch.cuda.synchronize(self.device)
         samples = {name: [] for name in names}
-        for round_index in range(iters):
-            order = names if round_index % 2 == 0 else list(reversed(names))
-            for name in order:
-                samples[name].append(self.once(fns[name], host_inclusive=host_inclusive))
-        return {name: Timing(s) for name, s in samples.items()}
+        self._cover = 1
+        with _gc_paused():
+            for round_index in range(iters):
+                order = names if round_index % 2 == 0 else list(reversed(names))
+                for name in order:
+                    gc.collect(0)
+                    try:
+                        samples[name].append(self.once(fns[name], host_inclusive=host_inclusive,
+                                                       hide_host=hide_host))
+                    except HostNotHidden as exc:
+                        raise HostNotHidden(f"{name}: {exc}") from None
+        return {name: Timing(s, self._cover) for name, s in samples.items()}
 
     def copy_bandwidth(self, nbytes: int = 2 << 30, iters: int = 20) -> float:
         """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
@@ -138,6 +194,21 @@ class Bench:
             prof.export_chrome_trace(str(trace))
             events = json.loads(trace.read_text())["traceEvents"]
         return _breakdown(events, names)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic collector off while samples are taken (as ``timeit`` does): a collection
+    inside one call would charge that call with the garbage of all the others. The loops collect
+    the youngest generation (where everything made since holds) between samples instead, so that
+    garbage in cycles (and the device memory it holds) does not pile up."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 _CALL_TAG = "bench call: "
