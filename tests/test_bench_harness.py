@@ -80,22 +80,23 @@ def test_breakdown_counts_launches_from_other_threads_and_skips_launches_outside
     assert all(math.isnan(result["c"][key]) for key in ("device_us", "idle_us", "kernels"))
 
 
-def test_readme_peer_table_is_the_committed_profiled_run():
+def test_readme_peer_table_is_the_committed_run():
     """The README's RMSNorm peer table is what ``tools/bench/rmsnorm.py --table`` prints from
-    the committed run it cites, so its figures cannot drift from the data."""
+    the committed run it cites first, so its figures cannot drift from the data."""
     import json
 
     import rmsnorm  # tools/bench/rmsnorm.py
 
     repo = Path(__file__).resolve().parents[1]
     readme = (repo / "README.md").read_text()
-    source = re.search(r"`(tools/bench/results/[\w.-]+-peers-profiled\.json)`", readme)
-    assert source, "the README names the profiled peer run it quotes"
+    source = re.search(r"`(tools/bench/results/[\w.-]+-peers\.json)`", readme)
+    assert source, "the README names the peer run it quotes"
     result = json.loads((repo / source.group(1)).read_text())
     table = rmsnorm.peer_table(result["rows"], result["copy_bandwidth"])
     assert table.splitlines()[0] in readme
     start = readme.index(table.splitlines()[0])
     assert readme[start:start + len(table)] == table
+
 
 class _Stream:
     """One CUDA stream as the harness sees it, in microseconds: a flush is FLUSH_US of device

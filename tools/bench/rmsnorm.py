@@ -8,11 +8,14 @@ Usage (from the repository root, on a GPU machine; fla-core and liger-kernel whe
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
     PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
     PYTHONPATH=. python tools/bench/rmsnorm.py --once quack,fla --shapes 65536:8192   # for ncu
-    python tools/bench/rmsnorm.py --table tools/bench/results/2026-12-01-h200-rmsnorm-backward-waves-peers-profiled.json
+    python tools/bench/rmsnorm.py --table tools/bench/results/<a run's --json>.json   # the README's table
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events, warm-up,
 median; the peers of one shape interleaved A B B A; copy bandwidth of the same run as the
-roofline). bf16 x/g/dy, bf16 weight (every peer gets the same tensors), eps 1e-6.
+roofline). Every call is timed twice: as a user calls it (its host path in the interval where
+the flush does not cover it) and with its host path hidden (``hide_host``: flushes repeated until
+the device is still busy with them when the call has enqueued its work), the kernels' time.
+bf16 x/g/dy, bf16 weight (every peer gets the same tensors), eps 1e-6.
 
 Groups per shape (T, D): ``fwd`` and ``bwd`` of RMSNorm, ``gated fwd`` and ``gated bwd`` of
 ``rmsnorm(x) * silu(g)``. Backward is timed alone: ``torch.autograd.grad`` of the forward's
@@ -218,7 +221,9 @@ def drop_failing_peers(fns: dict, where: str) -> None:
 
 def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None, *,
         profile: bool = False):
-    """The peer timings; with ``profile``, each op's calls are also traced
+    """The peer timings: every call twice, event-timed as a user calls it ("ms": its host path
+    shows where the flush does not cover it) and with its host path hidden ("kernels ms",
+    ``Bench.interleaved(hide_host=True)``). With ``profile``, each op's calls are also traced
     (``Bench.device_breakdown``): every row gets its device time and the idle time before it."""
     import torch
     import torch.nn.functional as F
@@ -248,6 +253,7 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
             before = torch.cuda.memory_stats()
             fwd_fns = dict({n: (lambda f=f: f()) for n, f in fns.items()}, **{"cake graph": fwd_graph})
             timings = bench.interleaved(fwd_fns, iters=iters, warmup=WARMUP)
+            fwd_kernels = bench.interleaved(fwd_fns, iters=iters, warmup=0, hide_host=True)
             print(f"T={t} D={d} {label}: allocator during the timing: " + allocator_events(before),
                   flush=True)
             graphs = {n: f() for n, f in fns.items()}
@@ -263,19 +269,22 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
             before = torch.cuda.memory_stats()
             bwd_fns = dict(grads, **{"cake graph": bwd_graph})
             bwd = bench.interleaved(bwd_fns, iters=iters, warmup=WARMUP)
+            bwd_kernels = bench.interleaved(bwd_fns, iters=iters, warmup=0, hide_host=True)
             print(f"T={t} D={d} {label.replace('fwd', 'bwd')}: allocator during the timing: "
                   + allocator_events(before), flush=True)
             traced = {phase: bench.device_breakdown(calls) if profile else {}
                       for phase, calls in ((label, fwd_fns), (label.replace("fwd", "bwd"), bwd_fns))}
-            for phase, times, nbytes, agree in ((label, timings, fwd_bytes, agreement),
-                                                (label.replace("fwd", "bwd"), bwd, bwd_bytes,
-                                                 dx_agree)):
+            for phase, times, hidden, nbytes, agree in (
+                    (label, timings, fwd_kernels, fwd_bytes, agreement),
+                    (label.replace("fwd", "bwd"), bwd, bwd_kernels, bwd_bytes, dx_agree)):
                 for name, timing in times.items():
                     rows.append({
                         "T": t, "D": d, "op": phase, "impl": name, "ms": timing.median,
                         "spread": timing.spread,
                         "TB/s": nbytes / (timing.median * 1e-3) / 1e12,
                         "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth),
+                        "kernels ms": hidden[name].median, "kernels spread": hidden[name].spread,
+                        "kernels flushes": hidden[name].flushes,
                         "max rel diff vs cake": agree.get(name, 0.0)})
                     split = traced[phase].get(name)
                     if split:
@@ -285,12 +294,18 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
                               f"idle before {split['idle_us']:.1f} us", flush=True)
                 best_peer = min((tm.median for n, tm in times.items() if not n.startswith("cake")),
                                 default=None)
+                best_kernels = min((tm.median for n, tm in hidden.items() if not n.startswith("cake")),
+                                   default=None)
                 cake_ms, graph_ms = times["cake"].median, times["cake graph"].median
+                kernels_ms = hidden["cake"].median
                 print(f"T={t} D={d} {phase:9s} cake {cake_ms:.3f} ms "
                       f"({harness.percent_of_roofline(nbytes, cake_ms, bandwidth):.1f}% of copy), "
                       f"graph {graph_ms:.3f} ms "
-                      f"({harness.percent_of_roofline(nbytes, graph_ms, bandwidth):.1f}%)"
-                      + (f", best peer {best_peer:.3f} ms" if best_peer else ""), flush=True)
+                      f"({harness.percent_of_roofline(nbytes, graph_ms, bandwidth):.1f}%), "
+                      f"kernels {kernels_ms:.3f} ms "
+                      f"({harness.percent_of_roofline(nbytes, kernels_ms, bandwidth):.1f}%)"
+                      + (f", best peer {best_peer:.3f} ms, kernels {best_kernels:.3f} ms"
+                         if best_peer else ""), flush=True)
             del graphs, grads
         del x, g, w, dy, plain, gated, replays, buffers
         torch.cuda.empty_cache()
@@ -816,10 +831,13 @@ def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth
 
 
 def peer_table(rows: list, bandwidth: float) -> str:
-    """The README's peer table from a ``--profile`` run's rows: per shape and op, cake's eager
-    call against the fastest peer's eager call (event times, host path included), and cake's
-    kernels (its graph replay's device time) against the fastest peer's kernels (device time
-    from the trace): like with like. Ratios above 1 mean cake is faster."""
+    """The README's peer table from a run's rows: per shape and op, cake's eager call against
+    the fastest peer's eager call (event times, host path included), and the same calls with
+    their host paths hidden ("kernels ms": the device's time from the call's first operation to
+    its last, gaps included): like with like. Ratios above 1 mean cake is faster."""
+    if any("kernels ms" not in row for row in rows):
+        raise ValueError("these rows have no \"kernels ms\" (host-hidden) figures: a run of "
+                         "tools/bench/rmsnorm.py from before 2026-12-03's fourth session")
     groups = {}
     for row in rows:
         groups.setdefault((row["T"], row["D"], row["op"]), {})[row["impl"]] = row
@@ -833,9 +851,9 @@ def peer_table(rows: list, bandwidth: float) -> str:
     for (t, d, op), impls in groups.items():
         peers = {name: row for name, row in impls.items() if not name.startswith("cake")}
         eager = min(peers, key=lambda name: peers[name]["ms"])
-        kernels = min(peers, key=lambda name: peers[name]["device us"])
-        cake_eager, cake_kernels = impls["cake"]["ms"], impls["cake graph"]["device us"] * 1e-3
-        peer_kernels = peers[kernels]["device us"] * 1e-3
+        kernels = min(peers, key=lambda name: peers[name]["kernels ms"])
+        cake_eager, cake_kernels = impls["cake"]["ms"], impls["cake"]["kernels ms"]
+        peer_kernels = peers[kernels]["kernels ms"]
         lines.append(f"| {t} | {d} | {op} | {cell(op, t, d, cake_eager)} | {eager} "
                      f"{peers[eager]['ms']:.3f} | {peers[eager]['ms'] / cake_eager:.2f} | "
                      f"{cell(op, t, d, cake_kernels)} | {kernels} {cell(op, t, d, peer_kernels)} | "
@@ -916,7 +934,7 @@ def main(argv=None) -> int:
                              "call's kernels and the gaps between them")
     parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
     parser.add_argument("--table", type=Path, metavar="JSON",
-                        help="print the peer table of a --profile run's --json file, then exit")
+                        help="print the peer table of a run's --json file, then exit")
     args = parser.parse_args(argv)
     if args.table:
         import json
@@ -967,10 +985,10 @@ def main(argv=None) -> int:
         return 0
     rows = run(shapes, args.iters, bench, bandwidth, save, profile=args.profile)
     print(harness.format_table(rows, ["T", "D", "op", "impl", "ms", "TB/s", "% copy", "spread",
-                                      "max rel diff vs cake"]
+                                      "kernels ms", "kernels flushes", "max rel diff vs cake"]
                                + (["device us", "idle us"] if args.profile else [])))
+    print(peer_table(rows, bandwidth))
     if args.profile:
-        print(peer_table(rows, bandwidth))
         # The host path in the process the eager figures came from (peers imported, compiled,
         # timed), against a fresh process's (--host).
         host = host_overhead()
