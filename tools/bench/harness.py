@@ -126,16 +126,8 @@ class Bench:
 
     def time(self, fn: Callable[[], object], *, warmup: int = 5, iters: int = 50,
              host_inclusive: bool = False, hide_host: bool = False) -> Timing:
-        for _ in range(warmup):
-            fn()
-        self.torch.cuda.synchronize(self.device)
-        self._cover = 1
-        samples = []
-        with _gc_paused():
-            for _ in range(iters):
-                gc.collect(0)
-                samples.append(self.once(fn, host_inclusive=host_inclusive, hide_host=hide_host))
-        return Timing(samples, self._cover)
+        return self.interleaved({"fn": fn}, warmup=warmup, iters=iters,
+                                host_inclusive=host_inclusive, hide_host=hide_host)["fn"]
 
     def interleaved(self, fns: Mapping[str, Callable[[], object]], *, warmup: int = 5,
                     iters: int = 50, host_inclusive: bool = False, hide_host: bool = False) -> dict:

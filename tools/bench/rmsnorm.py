@@ -219,6 +219,11 @@ def drop_failing_peers(fns: dict, where: str) -> None:
             del fns[name]
 
 
+def fastest_peer_ms(timings: dict):
+    """The fastest peer's median (``harness.Timing``s by name; cake's own rows left out), or None."""
+    return min((tm.median for n, tm in timings.items() if not n.startswith("cake")), default=None)
+
+
 def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None, *,
         profile: bool = False):
     """The peer timings: every call twice, event-timed as a user calls it ("ms": its host path
@@ -292,10 +297,7 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
                         print(f"T={t} D={d} {phase:9s} {name}: event {timing.median * 1e3:.1f} us, "
                               f"device {split['device_us']:.1f} us in {split['kernels']:.0f} ops, "
                               f"idle before {split['idle_us']:.1f} us", flush=True)
-                best_peer = min((tm.median for n, tm in times.items() if not n.startswith("cake")),
-                                default=None)
-                best_kernels = min((tm.median for n, tm in hidden.items() if not n.startswith("cake")),
-                                   default=None)
+                best_peer, best_kernels = fastest_peer_ms(times), fastest_peer_ms(hidden)
                 cake_ms, graph_ms = times["cake"].median, times["cake graph"].median
                 kernels_ms = hidden["cake"].median
                 print(f"T={t} D={d} {phase:9s} cake {cake_ms:.3f} ms "
