@@ -24,8 +24,8 @@ from cake.cake_rmsnorm_det_train import reference as plain_ref
 # 127, 8199) and the widest rows; the fixed-width instances (row groups of 64, 128, 256, 512
 # threads) full (1024 .. 8192, 16384) and with their last lanes idle (1000, 1600, 3840, 7744:
 # 63, 100, 240 and 484 threads of work at 16 elements a thread).
-DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 3840, 4096, 4104, 5120, 7744, 8192, 8199,
-        8200, 16384]
+DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 3584, 3592, 3840, 4096, 4104, 5120, 7744,
+        8192, 8199, 8200, 16384]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 REPO = Path(__file__).resolve().parents[2]

@@ -97,9 +97,10 @@ def test_family_tables(name):
     manifest = MANIFESTS[name]
     gated = name.startswith("cake_gated")
     # The 16-bit vector programs come in D bands with different forwards: RMSNorm's split at
-    # D = 4096 and 8192, the gated family's at 2048 and 8192.
+    # D = 4096 and 8192, the gated family's at 2048, 3584, 4096 and 8192.
     split = (("bfloat16", "vector"), ("float16", "vector"))
-    split_routes = [(1, 2048 if gated else 4096), (2049 if gated else 4097, 8192), (8193, 16384)]
+    split_routes = ([(1, 2048), (2049, 3584), (3585, 4096), (4097, 8192), (8193, 16384)] if gated
+                    else [(1, 4096), (4097, 8192), (8193, 16384)])
     assert family.name == name
     assert len(family.specs) == len(manifest.programs) == 4 + len(split) * len(split_routes)
     assert all(s.params["CAKE_GATED"] == int(gated) for s in family.specs)
@@ -127,7 +128,7 @@ def test_family_tables(name):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES, ids=str)
 @pytest.mark.parametrize("vector", [True, False])
-@pytest.mark.parametrize("cols", [1, 8, 2048, 2056, 4096, 4104, 8192, 8200, 16384])
+@pytest.mark.parametrize("cols", [1, 8, 2048, 2056, 3584, 3592, 4096, 4104, 8192, 8200, 16384])
 def test_route_picks_the_variant(name, dtype, vector, cols):
     problem = rmsnorm.Problem(device=torch.device("cuda", 0), dtype=dtype, rows=10, cols=cols,
                               weight_fp32=False, gated=name.startswith("cake_gated"),

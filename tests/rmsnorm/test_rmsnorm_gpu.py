@@ -92,9 +92,13 @@ def envelopes(family, s, g, w, dy, rstd, weight_offset):
 
 
 def check_case(family, shape, *, dtype=torch.bfloat16, weight_fp32=False, residual=False,
-               weight_offset=0.0, grad_dtype=torch.float32, preallocate=False, seed=0, eps=1e-6):
+               weight_offset=0.0, grad_dtype=torch.float32, preallocate=False, seed=0, eps=1e-6,
+               misaligned_weight=False):
     x, g, w, r, dy = make_case(shape, dtype=dtype, weight_fp32=weight_fp32, residual=residual,
                                seed=seed)
+    if misaligned_weight:  # one element past a 16-byte boundary: the kernels' element weight loads
+        w = torch.cat([w.new_empty(1), w])[1:]
+        assert w.data_ptr() % 16 != 0
     grad_dtype = w.dtype if grad_dtype == "weight" else grad_dtype
     fkw = dict(eps=eps, weight_offset=weight_offset)
     if preallocate:
@@ -182,6 +186,17 @@ def test_options(family, option):
     if option == "1d":
         shape = (768,)
     check_case(family, shape, preallocate=True, **kwargs)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("weight_fp32", [False, True], ids=["weight_x_dtype", "weight_fp32"])
+@pytest.mark.parametrize("cols", [1024, 2048, 3072, 4096, 8192, 16384])
+def test_misaligned_weight(family, dtype, weight_fp32, cols):
+    """The weight one element off 16 bytes with x aligned (the vector route): every forward and
+    backward instance reads its weights an element at a time."""
+    check_case(family, (37, cols), dtype=dtype, weight_fp32=weight_fp32, preallocate=True,
+               misaligned_weight=True)
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)

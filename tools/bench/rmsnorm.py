@@ -545,8 +545,9 @@ TUNE_VARIANTS = {
     "l2_256": {"CAKE_L2_PREFETCH": 256},
     # Forward CTA size (the night's sweeps, tools/bench/results/2026-11-29-h200-rmsnorm-forward-
     # cta-*.json; those runs had one CAKE_CTA_THREADS knob for both directions and families):
-    # 512 or 256 threads (the table: 512 in both families since 2026-12-01, so fwd_cta512 repeats
-    # it), and weights read through L1 (shared memory left to the ring).
+    # 512 or 256 threads (the ring programs' table: 512), and weights read through L1 (shared
+    # memory left to the ring). On the one-row forwards at D = 4096, fwd_cta512 pairs the 256-thread
+    # rows (the gated table there since 2026-12-03) and fwd_cta256 gives each its own CTA.
     "fwd_cta256": {"CAKE_FORWARD_CTA_THREADS": 256},
     "fwd_cta512": {"CAKE_FORWARD_CTA_THREADS": 512},
     "fwd_weights_l1_stages3": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_STAGES": 3},

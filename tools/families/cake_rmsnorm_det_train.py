@@ -8,8 +8,9 @@ dtype, the residual (prenorm) form and the D band of the kernel instances (8 (op
 32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
 .. 16384, except the 16-bit vector ones, whose forward differs by D band (router bands,
-``bands``: D <= 4096, <= 8192 and above here, D <= 2048, <= 8192 and above in the gated family).
-3 dtypes x 2 loads = 6 variants; 10 programs in each family. The templates are shared with
+``bands``: D <= 4096, <= 8192 and above here, D <= 2048, <= 3584, <= 4096, <= 8192 and above in
+the gated family). 3 dtypes x 2 loads = 6 variants; 10 programs here, 14 in the gated family.
+The templates are shared with
 ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 
 Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``bands``);
@@ -113,11 +114,22 @@ GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCK
 ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4,
                                "CAKE_FORWARD_MIN_ROW_THREADS": 512}
 GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 256}
+# Where its rows are exactly 256 threads (D = 3585 .. 4096, the fixed-width instance), two a
+# 512-thread CTA (at 40 registers still six rows an SM): 0.4-0.6 points of copy over one a CTA
+# at D = 3840 and 4096 in H200 tunes (tools/bench/results/2026-12-03-h200-rmsnorm-gated-paired-
+# rows-tune*.json); at 64 registers (four rows an SM) 9 points behind; RMSNorm's own lost 4.3-4.7
+# (...-forward-4096-weights-first-tune1.json). Not below: at D = 3072 the run-time-width
+# instance fits four such rows an SM instead of five, 16% slower.
+GATED_ONE_ROW_PAIRED_TUNING = {**GATED_ONE_ROW_WIDE_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
+# Above D = 4096 its rows take 257-512 threads: of the fixed-width instances only the 512-thread
+# one is reached.
+GATED_ONE_ROW_WIDEST_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 512}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
 # shape up to D = 8192, the ring above (the gated family's with the table's knobs).
 FORWARD_BANDS = {False: ((4096, ONE_ROW_FORWARD_TUNING), (8192, ONE_ROW_WIDE_FORWARD_TUNING),
                          (16384, WIDE_FORWARD_TUNING)),
-                 True: ((2048, GATED_ONE_ROW_NARROW_TUNING), (8192, GATED_ONE_ROW_WIDE_TUNING), (16384, {}))}
+                 True: ((2048, GATED_ONE_ROW_NARROW_TUNING), (3584, GATED_ONE_ROW_WIDE_TUNING),
+                        (4096, GATED_ONE_ROW_PAIRED_TUNING), (8192, GATED_ONE_ROW_WIDEST_TUNING), (16384, {}))}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
 # spills at 64).
