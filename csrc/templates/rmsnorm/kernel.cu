@@ -83,11 +83,15 @@ static_assert(cake::rmsnorm::valid_config<Config>(),
 
 // CTAs an SM in each instance's launch bound: the knob's, except for the widest instances (32
 // elements a thread), which need up to 128 registers a thread: one CTA; and the forward's
-// any-width instances (kTpr 0), at most 2: their run-time row shape takes more registers than
-// the fixed widths (its registers path spills at 40, 3 CTAs' worth, not at 64).
+// any-width instances (kTpr 0), whose run-time row shape takes more registers than the fixed
+// widths: at most 3 (40 registers; RMSNorm's registers path spills at 32), 2 in the gated family
+// (64; with the gate's packs it spills 88-96 bytes at 40).
+constexpr int kAnyWidthForwardMaxBlocks = kGated ? 2 : 3;
 template <int kEpt, int kTpr>
-constexpr int kForwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1
-                                  : (kTpr == 0 && CAKE_FORWARD_MIN_BLOCKS > 2 ? 2 : CAKE_FORWARD_MIN_BLOCKS);
+constexpr int kForwardMinBlocks =
+    kEpt == cake::rmsnorm::kMaxEpt ? 1
+    : (kTpr == 0 && CAKE_FORWARD_MIN_BLOCKS > kAnyWidthForwardMaxBlocks ? kAnyWidthForwardMaxBlocks
+                                                                       : CAKE_FORWARD_MIN_BLOCKS);
 template <int kEpt>
 constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS;
 
