@@ -122,7 +122,8 @@ GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THR
 # instance fits four such rows an SM instead of five, 16% slower.
 GATED_ONE_ROW_PAIRED_TUNING = {**GATED_ONE_ROW_WIDE_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
 # Above D = 4096 its rows take 257-512 threads: of the fixed-width instances only the 512-thread
-# one is reached.
+# one is reached. (This also keeps its programs apart from those of D = 2049 .. 3584: two bands
+# with the same knobs would render the same program, whose digest has no route.)
 GATED_ONE_ROW_WIDEST_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 512}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
 # shape up to D = 8192, the ring above (the gated family's with the table's knobs).
