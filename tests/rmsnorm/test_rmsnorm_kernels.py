@@ -81,8 +81,9 @@ def _elems_per_thread(cols: int, min_ept: int, max_row: int) -> int:
 def _expected_instances(params: dict) -> set:
     """(direction, elements a thread, fixed row width or 0) of every kernel instance the
     program's table calls for: each D band's run-time-width instance and, on the vector route,
-    the power-of-two widths of 64-512 threads (forward: from CAKE_FORWARD_MIN_ROW_THREADS) whose
-    widest D falls in that band."""
+    the power-of-two widths of 64-512 threads (forward: from CAKE_FORWARD_MIN_ROW_THREADS, and
+    below 32 elements a thread the multiples of 64 between them too) whose widest D falls in that
+    band."""
     min_ept = params["CAKE_MIN_ELEMS_PER_THREAD"]
     epts = [e for e in (8, 16, 32) if e >= min_ept]
     expected = set()
@@ -91,7 +92,9 @@ def _expected_instances(params: dict) -> set:
         for ept in epts:
             expected.add((direction, ept, 0))
             min_row = params["CAKE_FORWARD_MIN_ROW_THREADS"] if direction == "forward" else 64
-            for tpr in (t for t in (64, 128, 256, 512) if t >= min_row) if params["CAKE_VECTOR"] else ():
+            common = direction == "forward" and ept < _MAX_EPT
+            widths = (64, 128, 192, 256, 320, 384, 448, 512) if common else (64, 128, 256, 512)
+            for tpr in (t for t in widths if t >= min_row) if params["CAKE_VECTOR"] else ():
                 cols = ept * tpr
                 if cols <= _MAX_COLS and _elems_per_thread(cols, min_ept, max_row) == ept:
                     expected.add((direction, ept, tpr))

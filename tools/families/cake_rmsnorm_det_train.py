@@ -97,7 +97,9 @@ WIDE_FORWARD_TUNING = {"CAKE_FORWARD_MAX_ROW_THREADS": 64}
 # it was +2.3..4.1 points of copy bandwidth at T = 65536 and D = 1024, 2048, level or behind at
 # D = 4096, 8192 (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-forward-candidate-tune.json);
 # with the default cache policy (-cache-hints-tune.json, -plain-loads-bands-tune.json) it gains
-# 3.4..5 points over the ring at D = 4096, but is level to 1.2 behind it at D = 8192.
+# 3.4..5 points over the ring at D = 4096, but is level to 1.2 behind it at D = 8192. Its rows of
+# 192 threads (D = 2561 .. 3072) have a fixed-width instance of their own: 1.06x the run-time one
+# at D = 3072 (tools/bench/results/2026-12-03-h200-rmsnorm-common-widths-ab.txt).
 ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
                           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 128,
                           "CAKE_FORWARD_CTA_ROWS": 1, "CAKE_FORWARD_MIN_BLOCKS": 3}
@@ -108,11 +110,14 @@ ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
 # ring at D = 8192 (the H200 tunes above had 20 bytes spilled there, since gone).
 GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
 # RMSNorm's one-row forward above D = 4096 at 32 registers (4 CTAs' bound: four 512-thread rows
-# an SM), its fixed-width rows of 512 threads only (at 32, 128-thread rows spill): at D = 8192
-# 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4 at 40
-# registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json).
+# an SM), its fixed-width rows of 320 to 512 threads only (at 32, 128-thread rows spill): at D =
+# 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4
+# at 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The
+# rows of 320, 384 and 448 threads (D = 4609 .. 7168) fixed rather than run-time: 1.26-1.27x at D
+# = 5120 and 7168, 1.03x at 6144 in an H200 A/B (2026-12-03-h200-rmsnorm-common-widths-ab.txt);
+# rows of 288 threads (D = 4097 .. 4608) keep the run-time instance.
 ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4,
-                               "CAKE_FORWARD_MIN_ROW_THREADS": 512}
+                               "CAKE_FORWARD_MIN_ROW_THREADS": 320}
 GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 256}
 # Where its rows are exactly 256 threads (D = 3585 .. 4096, the fixed-width instance), two a
 # 512-thread CTA (at 40 registers still six rows an SM): 0.4-0.6 points of copy over one a CTA
@@ -121,10 +126,13 @@ GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THR
 # (...-forward-4096-weights-first-tune1.json). Not below: at D = 3072 the run-time-width
 # instance fits four such rows an SM instead of five, 16% slower.
 GATED_ONE_ROW_PAIRED_TUNING = {**GATED_ONE_ROW_WIDE_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
-# Above D = 4096 its rows take 257-512 threads: of the fixed-width instances only the 512-thread
-# one is reached. (This also keeps its programs apart from those of D = 2049 .. 3584: two bands
-# with the same knobs would render the same program, whose digest has no route.)
-GATED_ONE_ROW_WIDEST_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 512}
+# Above D = 4096 its rows take 257-512 threads: fixed widths of 320 to 512 threads (1.19-1.33x
+# at D = 5120 .. 7168 over the run-time instance, 2026-12-03-h200-rmsnorm-common-widths-ab.txt),
+# rows of 288 the run-time instance. (This also keeps its programs apart from those of D = 2049
+# .. 3584: two bands with the same knobs would render the same program, whose digest has no
+# route.) Not below: the gated forward's 192-thread rows (D = 3072) spill 12 bytes at 40
+# registers.
+GATED_ONE_ROW_WIDEST_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 320}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
 # shape up to D = 8192, the ring above (the gated family's with the table's knobs).
 FORWARD_BANDS = {False: ((4096, ONE_ROW_FORWARD_TUNING), (8192, ONE_ROW_WIDE_FORWARD_TUNING),

@@ -21,10 +21,11 @@
 // {8 (optional), 16, 32} and picks one per D and direction (elems_per_thread: the narrowest
 // whose row group stays within the direction's widest); on the aligned route, the power-of-two
 // row groups of 64 to 512 threads that a direction reaches (e.g. D = 1024 .. 8192 at 16
-// elements a thread, 16384 at 32) also get instances with that width fixed at compile time
-// (Shape, with_instance), whose ring, row and column offsets are immediates: the row loop then
-// spends its instructions on the data. Fewer threads a row with more elements each spread a
-// row step's fixed instructions (copies, sum, rstd, loop) over more data.
+// elements a thread, 16384 at 32), and in the forward the multiples of 64 between them below 32
+// elements a thread (e.g. D = 3072, 5120, 6144, 7168), also get instances with that width fixed
+// at compile time (Shape, with_instance), whose ring, row and column offsets are immediates:
+// the row loop then spends its instructions on the data. Fewer threads a row with more
+// elements each spread a row step's fixed instructions (copies, sum, rstd, loop) over more data.
 //
 // Two ways to keep rows in flight (the kernels are bound by DRAM latency times bytes in flight):
 // * staged (every instance unless the direction's stages knob is 0): the next rows' packs go
@@ -99,7 +100,7 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kForwardMaxRowThreads  32 to 512 (a power of two): the widest row group a forward instance
 //                        below kMaxEpt may use (fewer threads a row: more elements a thread)
 //   kBackwardMaxRowThreads the same for the backward
-//   kForwardMinRowThreads  64 to 512 (a power of two): the narrowest fixed-width row group a
+//   kForwardMinRowThreads  64 to 512 (a multiple of 64): the narrowest fixed-width row group a
 //                        forward instance takes (narrower rows run the run-time-width instance):
 //                        a program serving only wide D then compiles no instance it never runs
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
@@ -137,7 +138,8 @@ __host__ __device__ constexpr bool valid_config() {
   return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
          Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
          valid_max_row_threads(Cfg::kForwardMaxRowThreads) && valid_max_row_threads(Cfg::kBackwardMaxRowThreads) &&
-         Cfg::kForwardMinRowThreads >= kMinFixedRowThreads && valid_max_row_threads(Cfg::kForwardMinRowThreads) &&
+         Cfg::kForwardMinRowThreads >= kMinFixedRowThreads && Cfg::kForwardMinRowThreads <= kMaxCtaThreads &&
+         Cfg::kForwardMinRowThreads % 64 == 0 &&
          valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
@@ -389,7 +391,7 @@ __host__ __device__ constexpr int row_groups(int tpr) {
 
 // A CTA's row layout: row groups of `tpr` threads (see the top of this file), `groups` of them
 // (row_groups), `threads` in all, and the calling thread's group and lane. An instance that
-// fixes kTpr (> 0: the common power-of-two widths, aligned route) has them at compile time, so
+// fixes kTpr (> 0: the common widths, multiples of 64, aligned route) has them at compile time, so
 // ring, row and column offsets fold into immediates; kTpr 0 takes tpr from the launch
 // parameters (any D).
 template <int kTpr, int kCtaThreads>
@@ -1593,7 +1595,7 @@ struct Instance {
 };
 
 // Whether a direction (kMinEpt, kMaxRow) ever runs kEpt elements a thread with row groups of
-// exactly kTpr (a power of two above 32) threads: D = kTpr * kEpt, the widest D of that width,
+// exactly kTpr (a multiple of 64) threads: D = kTpr * kEpt, the widest D of that width,
 // is in kEpt's band (the narrower widths of the band round up to a multiple of 32 below it).
 template <int kMinEpt, int kMaxRow>
 constexpr bool reachable_width(int ept, int tpr) {
@@ -1603,9 +1605,11 @@ constexpr bool reachable_width(int ept, int tpr) {
 // Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction whose row groups
 // take at most kMaxRow threads below kMaxEpt. The aligned route has fixed-width instances for
 // the power-of-two row groups of kMinRow (at least 64) to 512 threads that the direction
-// reaches (at 16 elements a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384);
-// any other width runs the run-time one.
-template <class Cfg, int kMaxRow, int kMinRow, bool kAligned, typename F>
+// reaches (at 16 elements a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384),
+// and with kCommonWidths (the forward) below kMaxEpt for the multiples of 64 between them too
+// (at 16 elements a thread D = 3072, 5120, 6144, 7168: common model widths that the run-time
+// instance read at 74-90% of copy on the H200); any other width runs the run-time one.
+template <class Cfg, int kMaxRow, int kMinRow, bool kAligned, bool kCommonWidths, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
   const int ept = elems_per_thread<Cfg::kMinEpt, kMaxRow>(cols);
   const int tpr = threads_per_row(cols, ept);
@@ -1627,6 +1631,12 @@ inline cudaError_t with_instance(int cols, F&& f) {
     fixed(std::integral_constant<int, 128>{});
     fixed(std::integral_constant<int, 256>{});
     fixed(std::integral_constant<int, 512>{});
+    if constexpr (kCommonWidths && kEpt < kMaxEpt) {
+      fixed(std::integral_constant<int, 192>{});
+      fixed(std::integral_constant<int, 320>{});
+      fixed(std::integral_constant<int, 384>{});
+      fixed(std::integral_constant<int, 448>{});
+    }
     return launched ? status : f(Instance<kEpt, 0>{});
   };
   if constexpr (Cfg::kMinEpt <= 8) {

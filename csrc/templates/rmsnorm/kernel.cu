@@ -116,7 +116,7 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   constexpr int kMaxRow = Config::kForwardMaxRowThreads, kMinRow = Config::kForwardMinRowThreads;
-  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned>(p.cols, [&](auto instance) {
+  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned, true>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                          kernel_cake_library_forward<I::ept, I::tpr>>(p, stream);
@@ -126,7 +126,7 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   constexpr int kMaxRow = Config::kBackwardMaxRowThreads, kMinRow = cake::rmsnorm::kMinFixedRowThreads;
-  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned>(p.cols, [&](auto instance) {
+  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned, false>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                           kernel_cake_library_backward<I::ept, I::tpr>>(p, ctas, stream);
