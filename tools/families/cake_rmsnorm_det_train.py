@@ -113,9 +113,10 @@ GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCK
 # an SM), its fixed-width rows of 320 to 512 threads only (at 32, 128-thread rows spill): at D =
 # 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4
 # at 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The
-# rows of 320, 384 and 448 threads (D = 4609 .. 7168) fixed rather than run-time: 1.26-1.27x at D
-# = 5120 and 7168, 1.03x at 6144 in an H200 A/B (2026-12-03-h200-rmsnorm-common-widths-ab.txt);
-# rows of 288 threads (D = 4097 .. 4608) keep the run-time instance.
+# rows of 320, 384 and 448 threads (D = 4609 .. 5120, 5633 .. 6144, 6657 .. 7168) fixed rather
+# than run-time: 1.26-1.27x at D = 5120 and 7168, 1.03x at 6144 in an H200 A/B
+# (2026-12-03-h200-rmsnorm-common-widths-ab.txt); rows of 288, 352, 416 and 480 threads keep the
+# run-time instance.
 ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4,
                                "CAKE_FORWARD_MIN_ROW_THREADS": 320}
 GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 256}
@@ -126,12 +127,12 @@ GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THR
 # (...-forward-4096-weights-first-tune1.json). Not below: at D = 3072 the run-time-width
 # instance fits four such rows an SM instead of five, 16% slower.
 GATED_ONE_ROW_PAIRED_TUNING = {**GATED_ONE_ROW_WIDE_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
-# Above D = 4096 its rows take 257-512 threads: fixed widths of 320 to 512 threads (1.19-1.33x
-# at D = 5120 .. 7168 over the run-time instance, 2026-12-03-h200-rmsnorm-common-widths-ab.txt),
-# rows of 288 the run-time instance. (This also keeps its programs apart from those of D = 2049
-# .. 3584: two bands with the same knobs would render the same program, whose digest has no
-# route.) Not below: the gated forward's 192-thread rows (D = 3072) spill 12 bytes at 40
-# registers.
+# Above D = 4096 its rows take 257-512 threads: fixed widths of 320, 384, 448 and 512 threads
+# (1.19-1.33x at D = 5120 .. 7168 over the run-time instance, 2026-12-03-h200-rmsnorm-common-
+# widths-ab.txt), rows of 288, 352, 416 and 480 the run-time instance. (This also keeps its
+# programs apart from those of D = 2049 .. 3584: two bands with the same knobs would render the
+# same program, whose digest has no route.) Not below: the gated forward's 192-thread rows (D =
+# 3072) spill 12 bytes at 40 registers.
 GATED_ONE_ROW_WIDEST_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 320}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
 # shape up to D = 8192, the ring above (the gated family's with the table's knobs).
