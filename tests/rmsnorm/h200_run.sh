@@ -8,7 +8,7 @@
 # programs at NCU_SHAPES (ncu --clock-control none). baseline: the tune's table and the ncu step
 # again in another checkout (BASELINE, e.g. `git archive <rev> | tar -x -C .baseline`), for an
 # A/B of the kernel code itself in one call. digest: SHA-256 of every output over a grid of cases
-# (tests/rmsnorm/output_digest.py), diffed against BASELINE's when set. peers-ncu: ncu sections of
+# (tests/rmsnorm/output_digest.py; DIGEST_FIRST: from that case on), diffed against BASELINE's when set. peers-ncu: ncu sections of
 # every kernel of cake's and NCU_PEERS' (default quack) RMSNorm forward and backward at
 # NCU_SHAPES (tools/bench/rmsnorm.py --once). Step time limits come from TESTS_TIMEOUT,
 # SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT, NCU_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the
@@ -53,11 +53,11 @@ for step in $steps; do
          --iters ${TUNE_ITERS:-15} --variants table --json "$OUT/tune_baseline.json" > "$OUT/tune_baseline.log" 2>&1)
       echo "baseline tune: rc=$?"; tail -60 "$OUT/tune_baseline.log"
       (cd "$BASELINE" && OUT=$OUT/baseline PRECOMPILE=0 bash "$OLDPWD/tests/rmsnorm/h200_run.sh" ncu) ;;
-    digest) timeout ${DIGEST_TIMEOUT:-120} python3 tests/rmsnorm/output_digest.py > "$OUT/digest.txt"; echo "digest: rc=$? $(wc -l < "$OUT/digest.txt") cases"
+    digest) timeout ${DIGEST_TIMEOUT:-120} python3 tests/rmsnorm/output_digest.py --first ${DIGEST_FIRST:-0} > "$OUT/digest.txt"; echo "digest: rc=$? $(wc -l < "$OUT/digest.txt") cases"
       if [[ -d ${BASELINE:-} ]]; then
         cp tests/rmsnorm/output_digest.py "$BASELINE/tests/rmsnorm/"
         (cd "$BASELINE" && export PYTHONPATH=$PWD && python3 tools/bench/rmsnorm.py --precompile | tail -1 &&
-         timeout ${DIGEST_TIMEOUT:-120} python3 tests/rmsnorm/output_digest.py > "$OUT/digest_baseline.txt")
+         timeout ${DIGEST_TIMEOUT:-120} python3 tests/rmsnorm/output_digest.py --first ${DIGEST_FIRST:-0} > "$OUT/digest_baseline.txt")
         echo "digest baseline: rc=$?"; diff "$OUT/digest_baseline.txt" "$OUT/digest.txt" && echo "digest: identical to the baseline"
       fi ;;
     ncu) timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name-base demangled --kernel-id "::regex:_(forward|backward)<:1" \

@@ -3,7 +3,10 @@
 the row outputs (y, the prenorm sum, rstd, dx, dg, dresidual), then the weight gradient apart,
 whose bits alone depend on how the backward partitions the rows.
 
-    python tests/rmsnorm/output_digest.py > digest.txt
+    python tests/rmsnorm/output_digest.py [--first N] > digest.txt
+
+(``--first N``: from the N-th case on, 0-based, with the same seeds: the rest of a run that ran
+out of time.)
 
 Run in two checkouts (e.g. main in ``.baseline``) and ``diff`` the files: a kernel change that
 claims to keep the math must leave every line identical. The grid: both families; bf16, fp16,
@@ -15,6 +18,7 @@ of the band count (which sets the backward's rows a CTA there) shows.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 from pathlib import Path
@@ -63,26 +67,33 @@ def tensors_digest(tensors) -> str:
     return digest.hexdigest()[:16]
 
 
-def main() -> int:
-    seed = 0
+def cases():
+    """(name, family, rows, cols, dtype, options) of every case, in order (its index + 1 is its
+    seed)."""
     for family in FAMILIES:
         for dtype in DTYPES:
             for cols in DIMS:
                 for rows in (67 if cols <= 8192 else 19, 4097):
                     for options in (False, True):
-                        seed += 1
-                        name = f"{family.name} {str(dtype)[6:]} {rows}x{cols} options={options}"
-                        print(name, case_digest(family, rows, cols, dtype, options, seed),
-                              flush=True)
+                        yield (f"{family.name} {str(dtype)[6:]} {rows}x{cols} options={options}",
+                               family, rows, cols, dtype, options)
     for family in FAMILIES:
         if family.rows_per_band(BAND_ROWS) == MIN_ROWS_PER_BAND:
             raise SystemExit(f"{family.name}: {BAND_ROWS} rows fill no more than {MIN_ROWS_PER_BAND} "
                              f"rows a band at {family.backward_bands} bands: raise BAND_ROWS")
         for cols in BAND_DIMS:
             for options in (False, True):
-                seed += 1
-                name = f"{family.name} bfloat16 {BAND_ROWS}x{cols} options={options}"
-                print(name, case_digest(family, BAND_ROWS, cols, torch.bfloat16, options, seed), flush=True)
+                yield (f"{family.name} bfloat16 {BAND_ROWS}x{cols} options={options}",
+                       family, BAND_ROWS, cols, torch.bfloat16, options)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--first", type=int, default=0, help="the first case to digest (0-based)")
+    args = parser.parse_args(argv)
+    for index, (name, family, rows, cols, dtype, options) in enumerate(cases()):
+        if index >= args.first:
+            print(name, case_digest(family, rows, cols, dtype, options, index + 1), flush=True)
     torch.cuda.synchronize()
     return 0
 
