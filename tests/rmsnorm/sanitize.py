@@ -51,8 +51,9 @@ def main() -> int:
         run(family, 70, 512, dtype=torch.float32, residual=True)   # tpr 32
         run(family, 33, 2048, residual=True, weight_fp32=True)     # tpr 128, backward: 4 groups
         run(family, 17, 5120, dtype=torch.float16)                 # tpr 320
-        run(family, 21, 4616)                                      # forward: fixed 320, lanes idle
-        run(family, 23, 7168, residual=True)                       # forward: fixed 448
+        run(family, 21, 4616)                                      # fixed 320, lanes idle
+        run(family, 23, 7168, residual=True)                       # fixed 448
+        run(family, 29, 3072, residual=True)                       # fixed 192: 2 backward groups
         run(family, 19, 3000, residual=True)                       # one-row forward, any width
         run(family, 300, 4096, dtype=torch.float16)                # one-row forward, 300 CTAs
         run(family, 40, 8192, residual=True)                       # gated: one-row, 512 a row

@@ -65,7 +65,6 @@ def test_kernels_do_not_spill(reports, name, program):
 
 _INSTANCE_RE = re.compile(r"_(forward|backward)ILi(\d+)ELi(\d+)EE")
 _PARAM_RE = re.compile(r"^#define (CAKE_\w+) (-?\d+)$", re.MULTILINE)
-_MAX_COLS = 16384
 _MAX_EPT = 32
 
 
@@ -78,26 +77,31 @@ def _elems_per_thread(cols: int, min_ept: int, max_row: int) -> int:
     return _MAX_EPT
 
 
+def _threads_per_row(cols: int, ept: int) -> int:
+    need = -(-cols // ept)
+    return -(-need // 32) * 32 if need > 32 else 1 << (need - 1).bit_length()
+
+
 def _expected_instances(params: dict) -> set:
     """(direction, elements a thread, fixed row width or 0) of every kernel instance the
     program's table calls for: each D band's run-time-width instance and, on the vector route,
-    the power-of-two widths of 64-512 threads (forward: from CAKE_FORWARD_MIN_ROW_THREADS, and
-    below 32 elements a thread the multiples of 64 between them too) whose widest D falls in that
-    band."""
+    the row widths of 64, 128, 256 and 512 threads (with the direction's CAKE_*_COMMON_WIDTHS,
+    below 32 elements a thread, 192, 320, 384 and 448 too) that some D of the program's route
+    (CAKE_COLS_MIN .. CAKE_COLS_MAX) runs, found by trying every D."""
     min_ept = params["CAKE_MIN_ELEMS_PER_THREAD"]
     epts = [e for e in (8, 16, 32) if e >= min_ept]
     expected = set()
     for direction in ("forward", "backward"):
         max_row = params[f"CAKE_{direction.upper()}_MAX_ROW_THREADS"]
-        for ept in epts:
-            expected.add((direction, ept, 0))
-            min_row = params["CAKE_FORWARD_MIN_ROW_THREADS"] if direction == "forward" else 64
-            common = direction == "forward" and ept < _MAX_EPT
-            widths = (64, 128, 192, 256, 320, 384, 448, 512) if common else (64, 128, 256, 512)
-            for tpr in (t for t in widths if t >= min_row) if params["CAKE_VECTOR"] else ():
-                cols = ept * tpr
-                if cols <= _MAX_COLS and _elems_per_thread(cols, min_ept, max_row) == ept:
-                    expected.add((direction, ept, tpr))
+        expected |= {(direction, ept, 0) for ept in epts}
+        if not params["CAKE_VECTOR"]:
+            continue
+        for cols in range(params["CAKE_COLS_MIN"], params["CAKE_COLS_MAX"] + 1):
+            ept = _elems_per_thread(cols, min_ept, max_row)
+            tpr = _threads_per_row(cols, ept)
+            common = params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"] and ept < _MAX_EPT
+            if tpr in ((64, 128, 192, 256, 320, 384, 448, 512) if common else (64, 128, 256, 512)):
+                expected.add((direction, ept, tpr))
     return expected
 
 

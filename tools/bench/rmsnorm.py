@@ -569,17 +569,20 @@ TUNE_VARIANTS = {
     "one_row_row256": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256),
     "one_row_rows4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_CTA_ROWS=4,
                           CAKE_FORWARD_MIN_BLOCKS=2),
-    # The 32-register one-row forward (RMSNorm's table at D = 4097 .. 8192) with fixed rows of
-    # 256 threads too (D = 4096: 8 rows an SM instead of 6 at 40 registers; 128-thread rows
-    # spill at 32): 0.9-1.0 points behind the table at D = 4096
+    # one_row_mb4 at D = 4096 (8 rows an SM instead of 6 at 40 registers; measured as
+    # one_row_wide_row256 when a knob bounded the fixed widths): 0.9-1.0 points behind the table
     # (tools/bench/results/2026-12-02-h200-rmsnorm-dweight-dependent-launch-tune.json).
-    "one_row_wide_row256": dict(plain_table.ONE_ROW_WIDE_FORWARD_TUNING, CAKE_FORWARD_MIN_ROW_THREADS=256),
     # On the one-row forward at D = 4096, with fwd_cta512 (two 256-thread rows a CTA; tools/bench/
     # results/2026-12-03-h200-rmsnorm-forward-4096-weights-first-tune1.json) and fwd_rows2,
     # fwd_rows4 above: a CTA's next rows loaded while it writes the current one (2 or 4 rows a
     # CTA, at 40 or 64 registers; ...-forward-4096-rows-tune{1,2}.json): 2.3-4.7 points behind
     # the table.
     "fwd_rows2_mb2": {"CAKE_FORWARD_CTA_ROWS": 2, "CAKE_FORWARD_MIN_BLOCKS": 2},
+    # The backward's rows of 192, 320, 384 and 448 threads (D = 3072, 5120, 6144, 7168 at 16
+    # elements a thread) fixed, not run-time (the forwards' since 2026-12-03); with 792 bands,
+    # whole waves where 320-thread CTAs fit 3 an SM.
+    "bwd_common_widths": {"CAKE_BACKWARD_COMMON_WIDTHS": 1},
+    "bwd_common_widths_bands792": {"CAKE_BACKWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_BANDS": 792},
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 

@@ -8,8 +8,8 @@ dtype, the residual (prenorm) form and the D band of the kernel instances (8 (op
 32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
 .. 16384, except the 16-bit vector ones, whose forward differs by D band (router bands,
-``bands``: D <= 4096, <= 8192 and above here, D <= 2048, <= 3584, <= 4096, <= 8192 and above in
-the gated family). 3 dtypes x 2 loads = 6 variants; 10 programs here, 14 in the gated family.
+``bands``: D <= 4096, <= 8192 and above here, D <= 3584, <= 4096, <= 8192 and above in the
+gated family). 3 dtypes x 2 loads = 6 variants; 10 programs here, 12 in the gated family.
 The templates are shared with
 ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 
@@ -61,9 +61,15 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # tensors: in two H200 calls of 2026-12-02 (tools/bench/results/2026-12-02-h200-rmsnorm-backward-
 # interleave-tune-{1,2}.json) +1.2..3.5 points of copy for RMSNorm's backward and +0.8..3.6 for
 # the gated one at every shape; only dweight's bits change (the row outputs' digests are main's).
+# Both directions fix the rows of 192, 320, 384 and 448 threads (D = 3072, 5120, 6144, 7168 at 16
+# elements a thread, common model widths) as they do the powers of two, rather than read the
+# width at run time: in two H200 tunes of 2026-12-03 the backward 1.08-1.14x at those D (87-94%
+# of copy, from 77-85%), the gated backward 1.06-1.34x (tools/bench/results/2026-12-03-h200-
+# rmsnorm-backward-common-widths-tune{1,2}.json); the forwards' since that day's A/B (below).
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
-          "CAKE_FORWARD_MIN_ROW_THREADS": 64, "CAKE_FORWARD_CTA_THREADS": 512,
+          "CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1,
+          "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
           "CAKE_BACKWARD_BANDS": 528, "CAKE_BACKWARD_OVERLAP_STAGING": 1,
@@ -103,43 +109,36 @@ WIDE_FORWARD_TUNING = {"CAKE_FORWARD_MAX_ROW_THREADS": 64}
 ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
                           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 128,
                           "CAKE_FORWARD_CTA_ROWS": 1, "CAKE_FORWARD_MIN_BLOCKS": 3}
-# The gated forward in that shape: its 128-thread rows (D = 2048) spill at 40 registers, so up to
-# D = 2048 it takes 64 (2 CTAs' bound: +2.0..4.3 points over the gated ring at D = 1024, 2048);
-# above, at 40 (rows of 256 and 512 threads; no instance of narrower fixed rows, which it would
-# not run), where a 512-thread row's CTAs fit 3 an SM instead of 2: +4.3..5.7 points over the
-# ring at D = 8192 (the H200 tunes above had 20 bytes spilled there, since gone).
+# The gated forward in that shape: its 128- and 192-thread rows (D = 2048, 3072) spill at 40
+# registers, so up to D = 3584 it takes 64 (2 CTAs' bound: +2.0..4.3 points over the gated ring
+# at D = 1024, 2048; the fixed 192-thread rows 1.13x the run-time ones at D = 3072, 101% of copy,
+# tools/bench/results/2026-12-03-h200-rmsnorm-backward-common-widths-tune{1,2}.json); above, at
+# 40 (rows of 256 to 512 threads), where a 512-thread row's CTAs fit 3 an SM instead of 2:
+# +4.3..5.7 points over the ring at D = 8192 (the H200 tunes above had 20 bytes spilled there,
+# since gone).
 GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
 # RMSNorm's one-row forward above D = 4096 at 32 registers (4 CTAs' bound: four 512-thread rows
-# an SM), its fixed-width rows of 320 to 512 threads only (at 32, 128-thread rows spill): at D =
+# an SM; its band has fixed-width rows of 320 to 512 threads only, narrower ones spill at 32): at D =
 # 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4
 # at 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The
 # rows of 320, 384 and 448 threads (D = 4609 .. 5120, 5633 .. 6144, 6657 .. 7168) fixed rather
 # than run-time: 1.26-1.27x at D = 5120 and 7168, 1.03x at 6144 in an H200 A/B
 # (2026-12-03-h200-rmsnorm-common-widths-ab.txt); rows of 288, 352, 416 and 480 threads keep the
 # run-time instance.
-ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4,
-                               "CAKE_FORWARD_MIN_ROW_THREADS": 320}
-GATED_ONE_ROW_WIDE_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 256}
+ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4}
 # Where its rows are exactly 256 threads (D = 3585 .. 4096, the fixed-width instance), two a
 # 512-thread CTA (at 40 registers still six rows an SM): 0.4-0.6 points of copy over one a CTA
 # at D = 3840 and 4096 in H200 tunes (tools/bench/results/2026-12-03-h200-rmsnorm-gated-paired-
 # rows-tune*.json); at 64 registers (four rows an SM) 9 points behind; RMSNorm's own lost 4.3-4.7
 # (...-forward-4096-weights-first-tune1.json). Not below: at D = 3072 the run-time-width
 # instance fits four such rows an SM instead of five, 16% slower.
-GATED_ONE_ROW_PAIRED_TUNING = {**GATED_ONE_ROW_WIDE_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
-# Above D = 4096 its rows take 257-512 threads: fixed widths of 320, 384, 448 and 512 threads
-# (1.19-1.33x at D = 5120 .. 7168 over the run-time instance, 2026-12-03-h200-rmsnorm-common-
-# widths-ab.txt), rows of 288, 352, 416 and 480 the run-time instance. (This also keeps its
-# programs apart from those of D = 2049 .. 3584: two bands with the same knobs would render the
-# same program, whose digest has no route.) Not below: the gated forward's 192-thread rows (D =
-# 3072) spill 12 bytes at 40 registers.
-GATED_ONE_ROW_WIDEST_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_ROW_THREADS": 320}
+GATED_ONE_ROW_PAIRED_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
 # shape up to D = 8192, the ring above (the gated family's with the table's knobs).
 FORWARD_BANDS = {False: ((4096, ONE_ROW_FORWARD_TUNING), (8192, ONE_ROW_WIDE_FORWARD_TUNING),
                          (16384, WIDE_FORWARD_TUNING)),
-                 True: ((2048, GATED_ONE_ROW_NARROW_TUNING), (3584, GATED_ONE_ROW_WIDE_TUNING),
-                        (4096, GATED_ONE_ROW_PAIRED_TUNING), (8192, GATED_ONE_ROW_WIDEST_TUNING), (16384, {}))}
+                 True: ((3584, GATED_ONE_ROW_NARROW_TUNING), (4096, GATED_ONE_ROW_PAIRED_TUNING),
+                        (8192, ONE_ROW_FORWARD_TUNING), (16384, {}))}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
 # elements a thread, where bf16 has two of eight), needs more than 64 registers a thread (it
 # spills at 64).
@@ -149,14 +148,19 @@ WIDE_BACKWARD_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}
 def bands(dtype: str, load: str, gated: bool) -> list:
     """``(route, knobs)`` of each program of one family's dtype and load (``vector`` or
     ``scalar``), in D order; their routes tile ``ROUTE``. The backward's knobs are the same in
-    every band (its workspace and partition follow them)."""
+    every band (its workspace and partition follow them). A program's knobs include its route
+    (``CAKE_COLS_MIN``, ``CAKE_COLS_MAX``): it compiles only the fixed-width instances that serve
+    a D in it."""
     base = {**TUNING, **(GATED_TUNING if gated else {}),
             **(WIDE_BACKWARD_TUNING if load == "scalar" or dtype == "float32" else {})}
     if load != "vector" or dtype == "float32":
-        return [(dict(ROUTE), base)]
+        forwards = ((ROUTE["cols_max"], {}),)
+    else:
+        forwards = FORWARD_BANDS[gated]
     out, cols_min = [], ROUTE["cols_min"]
-    for cols_max, forward in FORWARD_BANDS[gated]:
-        out.append(({"cols_min": cols_min, "cols_max": cols_max}, {**base, **forward}))
+    for cols_max, forward in forwards:
+        route = {"cols_min": cols_min, "cols_max": cols_max}
+        out.append((route, {**base, **forward, "CAKE_COLS_MIN": cols_min, "CAKE_COLS_MAX": cols_max}))
         cols_min = cols_max + 1
     return out
 

@@ -72,8 +72,6 @@ constexpr int kMaxCtaThreads = 512;
 constexpr int kMaxCols = 16384;
 // The widest instance: 32 elements a thread, so D <= 32 * 512.
 constexpr int kMaxEpt = 32;
-// The narrowest row group with a fixed-width instance (with_instance).
-constexpr int kMinFixedRowThreads = 64;
 static_assert(kMaxEpt * kMaxCtaThreads >= kMaxCols, "the widest instance must cover kMaxCols");
 // Ring depth bounds, and the shared memory a CTA may take: the ring gets the asked slots while
 // they fit, with the weights and sums beside it, in kStageBudget (two such CTAs share an SM),
@@ -100,9 +98,11 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kForwardMaxRowThreads  32 to 512 (a power of two): the widest row group a forward instance
 //                        below kMaxEpt may use (fewer threads a row: more elements a thread)
 //   kBackwardMaxRowThreads the same for the backward
-//   kForwardMinRowThreads  64 to 512 (a multiple of 64): the narrowest fixed-width row group a
-//                        forward instance takes (narrower rows run the run-time-width instance):
-//                        a program serving only wide D then compiles no instance it never runs
+//   kColsMin, kColsMax   the program's band of D (its route): fixed-width instances that
+//                        serve no D in it are not compiled (reachable_width)
+//   kForwardCommonWidths 0 or 1: forward instances below kMaxEpt also fix the row groups of the
+//                        multiples of 64 between the powers of two (with_instance)
+//   kBackwardCommonWidths  the same for the backward
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
 //   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned loads and copies
@@ -138,8 +138,9 @@ __host__ __device__ constexpr bool valid_config() {
   return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
          Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
          valid_max_row_threads(Cfg::kForwardMaxRowThreads) && valid_max_row_threads(Cfg::kBackwardMaxRowThreads) &&
-         Cfg::kForwardMinRowThreads >= kMinFixedRowThreads && Cfg::kForwardMinRowThreads <= kMaxCtaThreads &&
-         Cfg::kForwardMinRowThreads % 64 == 0 &&
+         (Cfg::kForwardCommonWidths == 0 || Cfg::kForwardCommonWidths == 1) &&
+         (Cfg::kBackwardCommonWidths == 0 || Cfg::kBackwardCommonWidths == 1) && Cfg::kColsMin >= 1 &&
+         Cfg::kColsMin <= Cfg::kColsMax && Cfg::kColsMax <= kMaxCols &&
          valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
          Cfg::kForwardWeights >= 0 && Cfg::kForwardWeights <= 2 && Cfg::kBackwardWeights >= 0 &&
@@ -1594,22 +1595,27 @@ struct Instance {
   static constexpr int tpr = kTpr;
 };
 
-// Whether a direction (kMinEpt, kMaxRow) ever runs kEpt elements a thread with row groups of
-// exactly kTpr (a multiple of 64) threads: D = kTpr * kEpt, the widest D of that width,
-// is in kEpt's band (the narrower widths of the band round up to a multiple of 32 below it).
-template <int kMinEpt, int kMaxRow>
+// Whether a direction (kMaxRow) of a program serving D = Cfg::kColsMin .. Cfg::kColsMax ever
+// runs `ept` elements a thread with row groups of exactly `tpr` (a multiple of 64) threads: some
+// D of that width, (tpr - 32) * ept + 1 .. tpr * ept (row groups round up to a multiple of 32),
+// is in the program's band and in ept's band. elems_per_thread grows with D through every
+// instance in turn, so the ends of the overlap decide.
+template <class Cfg, int kMaxRow>
 constexpr bool reachable_width(int ept, int tpr) {
-  return ept * tpr <= kMaxCols && elems_per_thread<kMinEpt, kMaxRow>(ept * tpr) == ept;
+  const int low = (tpr - 32) * ept + 1 > Cfg::kColsMin ? (tpr - 32) * ept + 1 : Cfg::kColsMin;
+  const int high = tpr * ept < Cfg::kColsMax ? tpr * ept : Cfg::kColsMax;
+  return low <= high && elems_per_thread<Cfg::kMinEpt, kMaxRow>(low) <= ept &&
+         elems_per_thread<Cfg::kMinEpt, kMaxRow>(high) >= ept;
 }
 
 // Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction whose row groups
 // take at most kMaxRow threads below kMaxEpt. The aligned route has fixed-width instances for
-// the power-of-two row groups of kMinRow (at least 64) to 512 threads that the direction
-// reaches (at 16 elements a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384),
-// and with kCommonWidths (the forward) below kMaxEpt for the multiples of 64 between them too
-// (at 16 elements a thread D = 3072, 5120, 6144, 7168: common model widths that the run-time
-// instance read at 74-90% of copy on the H200); any other width runs the run-time one.
-template <class Cfg, int kMaxRow, int kMinRow, bool kAligned, bool kCommonWidths, typename F>
+// the power-of-two row groups of 64 to 512 threads that the direction reaches in the program's
+// band (at 16 elements a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384), and
+// with kCommonWidths (the direction's knob) below kMaxEpt for the multiples of 64 between them
+// too (at 16 elements a thread D = 3072, 5120, 6144, 7168: common model widths that the
+// run-time instance read at 69-90% of copy on the H200); any other width runs the run-time one.
+template <class Cfg, int kMaxRow, bool kAligned, bool kCommonWidths, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
   const int ept = elems_per_thread<Cfg::kMinEpt, kMaxRow>(cols);
   const int tpr = threads_per_row(cols, ept);
@@ -1619,14 +1625,13 @@ inline cudaError_t with_instance(int cols, F&& f) {
     cudaError_t status = cudaSuccess;
     const auto fixed = [&](auto width) {
       constexpr int kTpr = decltype(width)::value;
-      if constexpr (kAligned && kTpr >= kMinRow && reachable_width<Cfg::kMinEpt, kMaxRow>(kEpt, kTpr)) {
+      if constexpr (kAligned && reachable_width<Cfg, kMaxRow>(kEpt, kTpr)) {
         if (tpr == kTpr) {
           status = f(Instance<kEpt, kTpr>{});
           launched = true;
         }
       }
     };
-    static_assert(kMinFixedRowThreads == 64, "the widths below start at kMinFixedRowThreads");
     fixed(std::integral_constant<int, 64>{});
     fixed(std::integral_constant<int, 128>{});
     fixed(std::integral_constant<int, 256>{});

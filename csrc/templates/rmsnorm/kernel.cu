@@ -7,7 +7,8 @@
 // loads (D a multiple of 16 / sizeof(T), 16-byte aligned tensors), 0 for element loads (any D).
 // Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
-// CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS, CAKE_FORWARD_MIN_ROW_THREADS,
+// CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS,
+// CAKE_{FORWARD,BACKWARD}_COMMON_WIDTHS, CAKE_COLS_MIN, CAKE_COLS_MAX (the program's route),
 // CAKE_{FORWARD,BACKWARD}_CTA_THREADS, CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS,
 // CAKE_BACKWARD_OVERLAP_STAGING, CAKE_BACKWARD_INTERLEAVE, CAKE_BACKWARD_GUIDED, and
@@ -29,7 +30,10 @@
 #define CAKE_MIN_ELEMS_PER_THREAD 16
 #define CAKE_FORWARD_MAX_ROW_THREADS 512
 #define CAKE_BACKWARD_MAX_ROW_THREADS 512
-#define CAKE_FORWARD_MIN_ROW_THREADS 64
+#define CAKE_FORWARD_COMMON_WIDTHS 1
+#define CAKE_BACKWARD_COMMON_WIDTHS 0
+#define CAKE_COLS_MIN 1
+#define CAKE_COLS_MAX 16384
 #define CAKE_FORWARD_CTA_THREADS 256
 #define CAKE_BACKWARD_CTA_THREADS 256
 #define CAKE_L2_PREFETCH 0
@@ -66,7 +70,10 @@ struct Config {
   static constexpr int kMinEpt = CAKE_MIN_ELEMS_PER_THREAD;
   static constexpr int kForwardMaxRowThreads = CAKE_FORWARD_MAX_ROW_THREADS;
   static constexpr int kBackwardMaxRowThreads = CAKE_BACKWARD_MAX_ROW_THREADS;
-  static constexpr int kForwardMinRowThreads = CAKE_FORWARD_MIN_ROW_THREADS;
+  static constexpr int kForwardCommonWidths = CAKE_FORWARD_COMMON_WIDTHS;
+  static constexpr int kBackwardCommonWidths = CAKE_BACKWARD_COMMON_WIDTHS;
+  static constexpr int kColsMin = CAKE_COLS_MIN;
+  static constexpr int kColsMax = CAKE_COLS_MAX;
   static constexpr int kForwardCtaThreads = CAKE_FORWARD_CTA_THREADS;
   static constexpr int kBackwardCtaThreads = CAKE_BACKWARD_CTA_THREADS;
   static constexpr int kL2Prefetch = CAKE_L2_PREFETCH;
@@ -115,8 +122,9 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 }
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  constexpr int kMaxRow = Config::kForwardMaxRowThreads, kMinRow = Config::kForwardMinRowThreads;
-  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned, true>(p.cols, [&](auto instance) {
+  constexpr int kMaxRow = Config::kForwardMaxRowThreads;
+  constexpr bool kCommonWidths = Config::kForwardCommonWidths != 0;
+  return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                          kernel_cake_library_forward<I::ept, I::tpr>>(p, stream);
@@ -125,8 +133,9 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  constexpr int kMaxRow = Config::kBackwardMaxRowThreads, kMinRow = cake::rmsnorm::kMinFixedRowThreads;
-  return cake::rmsnorm::with_instance<Config, kMaxRow, kMinRow, kAligned, false>(p.cols, [&](auto instance) {
+  constexpr int kMaxRow = Config::kBackwardMaxRowThreads;
+  constexpr bool kCommonWidths = Config::kBackwardCommonWidths != 0;
+  return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                           kernel_cake_library_backward<I::ept, I::tpr>>(p, ctas, stream);
