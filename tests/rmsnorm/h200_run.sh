@@ -8,7 +8,8 @@
 # programs at NCU_SHAPES (ncu --clock-control none). baseline: the tune's table and the ncu step
 # again in another checkout (BASELINE, e.g. `git archive <rev> | tar -x -C .baseline`), for an
 # A/B of the kernel code itself in one call. digest: SHA-256 of every output over a grid of cases
-# (tests/rmsnorm/output_digest.py; DIGEST_FIRST: from that case on), diffed against BASELINE's when set. peers-ncu: ncu sections of
+# (tests/rmsnorm/output_digest.py; DIGEST_FIRST: from that case on), diffed against BASELINE's
+# when set. peers-ncu: ncu sections of
 # every kernel of cake's and NCU_PEERS' (default quack) RMSNorm forward and backward at
 # NCU_SHAPES (tools/bench/rmsnorm.py --once). Step time limits come from TESTS_TIMEOUT,
 # SANITIZE_TIMEOUT, BENCH_TIMEOUT, TUNE_TIMEOUT, NCU_TIMEOUT; BENCH_ITERS and TUNE_ITERS set the

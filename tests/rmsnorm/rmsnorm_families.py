@@ -22,7 +22,7 @@ from cake.cake_rmsnorm_det_train import reference as plain_ref
 # The widths and dtypes that the GPU tests and output_digest.py cover: every D band edge of the
 # instances (8, 16 or 32 elements a thread; up to 256 or 512 threads a row), unaligned ends (7,
 # 127, 8199) and the widest rows; the fixed-width instances (row groups of 64, 128, 256, 512
-# threads, and the forward's 192, 320, 384, 448) full (1024 .. 8192, 16384) and with their last
+# threads, and 192, 320, 384, 448 in both directions) full (1024 .. 8192, 16384) and with their last
 # lanes idle (1000, 1600, 2600, 3840, 4616, 6664, 7744: 63, 100, 163, 240, 289, 417 and 484
 # threads of work at 16 elements a thread).
 DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 3584, 3592, 3840, 4096, 4104,

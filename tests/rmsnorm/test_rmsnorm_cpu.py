@@ -110,11 +110,15 @@ def test_family_tables(name):
         want = split_routes if variant in split else [(1, 16384)]
         assert routes == want, (variant, routes)
     # The bands of a variant differ in their forward only: the same backward partition and
-    # workspace. Every program knows its route (it compiles the fixed widths that serve it).
+    # workspace, and other forward knobs from one band to the next (else the split is for
+    # nothing). Every program knows its route (it compiles the fixed widths that serve it).
     for variant in split:
         knobs = [s.params for s in family.specs if (s.variant["dtype"], s.variant["load"]) == variant]
         backward = [{k: v for k, v in params.items() if "BACKWARD" in k} for params in knobs]
         assert len(knobs) == len(split_routes) and all(b == backward[0] for b in backward)
+        forward = [{k: v for k, v in params.items() if "BACKWARD" not in k and "CAKE_COLS_" not in k}
+                   for params in knobs]
+        assert all(a != b for a, b in zip(forward, forward[1:]))
     for spec in family.specs:
         assert (spec.params["CAKE_COLS_MIN"], spec.params["CAKE_COLS_MAX"]) == (
             spec.route["cols_min"], spec.route["cols_max"])

@@ -108,9 +108,9 @@ def _expected_instances(params: dict) -> set:
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name,program", list(_programs()))
 def test_fixed_width_instances_follow_the_table(reports, name, program):
-    """Every row width a direction's widest row group lets it reach is compiled with that width
-    fixed, and no other (e.g. RMSNorm's 16-bit vector forward, at most 64 threads a row below 32
-    elements a thread, has 32-element instances of 64, 128, 256 and 512 threads)."""
+    """Every row width that some D of the program's band runs is compiled with that width fixed,
+    and no other (e.g. RMSNorm's 16-bit vector programs above D = 8192 compile only the
+    32-element, 512-thread one: D = 15361 .. 16384)."""
     found = {(direction, int(ept), int(tpr))
              for entry, *_ in _REPORT_RE.findall(reports[program.library])
              for direction, ept, tpr in _INSTANCE_RE.findall(entry)}

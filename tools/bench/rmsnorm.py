@@ -558,12 +558,12 @@ TUNE_VARIANTS = {
     "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
     # The one-row forward at 40 registers (RMSNorm's table up to D = 4096) at every D, in both
     # families (the gated one spills at D = 2048 in it), and at 2 CTAs' register bound (64: the
-    # gated table up to D = 2048).
+    # gated table up to D = 3584).
     "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
     "one_row_mb2": dict(plain_table.GATED_ONE_ROW_NARROW_TUNING),
     # More bytes in flight an SM for RMSNorm's one-row forward at D = 8192 (a 512-thread row,
     # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers (the table at D = 4097 .. 8192 since
-    # this sweep, there with its 512-thread fixed rows only); 32 elements a thread in 256-thread
+    # this sweep, with fixed rows of 320 to 512 threads there); 32 elements a thread in 256-thread
     # rows (48 registers); or 4 rows a CTA with the next row in registers (56, 2 CTAs' bound).
     "one_row_mb4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MIN_BLOCKS=4),
     "one_row_row256": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256),
@@ -571,7 +571,9 @@ TUNE_VARIANTS = {
                           CAKE_FORWARD_MIN_BLOCKS=2),
     # one_row_mb4 at D = 4096 (8 rows an SM instead of 6 at 40 registers; measured as
     # one_row_wide_row256 when a knob bounded the fixed widths): 0.9-1.0 points behind the table
-    # (tools/bench/results/2026-12-02-h200-rmsnorm-dweight-dependent-launch-tune.json).
+    # (tools/bench/results/2026-12-02-h200-rmsnorm-dweight-dependent-launch-tune.json). At 32
+    # registers its 128-thread fixed rows spill (D = 4096 runs the 256-thread ones; the tune
+    # does not check for spills).
     # On the one-row forward at D = 4096, with fwd_cta512 (two 256-thread rows a CTA; tools/bench/
     # results/2026-12-03-h200-rmsnorm-forward-4096-weights-first-tune1.json) and fwd_rows2,
     # fwd_rows4 above: a CTA's next rows loaded while it writes the current one (2 or 4 rows a
@@ -579,9 +581,11 @@ TUNE_VARIANTS = {
     # the table.
     "fwd_rows2_mb2": {"CAKE_FORWARD_CTA_ROWS": 2, "CAKE_FORWARD_MIN_BLOCKS": 2},
     # The backward's rows of 192, 320, 384 and 448 threads (D = 3072, 5120, 6144, 7168 at 16
-    # elements a thread) fixed, not run-time (the forwards' since 2026-12-03); with 792 bands,
+    # elements a thread) fixed (both tables since 2026-12-03, so bwd_common_widths repeats them
+    # and bwd_common_widths_bands792 is bands792), or run-time-width as before; with 792 bands,
     # whole waves where 320-thread CTAs fit 3 an SM.
     "bwd_common_widths": {"CAKE_BACKWARD_COMMON_WIDTHS": 1},
+    "bwd_runtime_widths": {"CAKE_BACKWARD_COMMON_WIDTHS": 0},
     "bwd_common_widths_bands792": {"CAKE_BACKWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_BANDS": 792},
 }
 TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")

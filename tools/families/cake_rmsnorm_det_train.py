@@ -131,7 +131,8 @@ ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCK
 # at D = 3840 and 4096 in H200 tunes (tools/bench/results/2026-12-03-h200-rmsnorm-gated-paired-
 # rows-tune*.json); at 64 registers (four rows an SM) 9 points behind; RMSNorm's own lost 4.3-4.7
 # (...-forward-4096-weights-first-tune1.json). Not below: at D = 3072 the run-time-width
-# instance fits four such rows an SM instead of five, 16% slower.
+# instance that served it then fitted four such rows an SM instead of five, 16% slower (pairs of
+# the fixed 192-thread rows are not measured).
 GATED_ONE_ROW_PAIRED_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
 # shape up to D = 8192, the ring above (the gated family's with the table's knobs).

@@ -20,9 +20,10 @@
 // (elements past D read as 0 and are not written). A program compiles instances for kEpt in
 // {8 (optional), 16, 32} and picks one per D and direction (elems_per_thread: the narrowest
 // whose row group stays within the direction's widest); on the aligned route, the power-of-two
-// row groups of 64 to 512 threads that a direction reaches (e.g. D = 1024 .. 8192 at 16
-// elements a thread, 16384 at 32), and in the forward the multiples of 64 between them below 32
-// elements a thread (e.g. D = 3072, 5120, 6144, 7168), also get instances with that width fixed
+// row groups of 64 to 512 threads that a direction reaches in the program's band of D (e.g.
+// D = 1024 .. 8192 at 16 elements a thread, 16384 at 32), and with the direction's
+// common-widths knob the multiples of 64 between them below 32 elements a thread (e.g.
+// D = 3072, 5120, 6144, 7168), also get instances with that width fixed
 // at compile time (Shape, with_instance), whose ring, row and column offsets are immediates:
 // the row loop then spends its instructions on the data. Fewer threads a row with more
 // elements each spread a row step's fixed instructions (copies, sum, rstd, loop) over more data.
