@@ -11,6 +11,7 @@ import functools
 import importlib.util
 from pathlib import Path
 
+import launch_model
 import torch
 
 import cake.cake_gated_rmsnorm_det_train as gated_pkg
@@ -56,19 +57,19 @@ class Family:
     gated: bool
     package: object
 
-    @property
-    def backward_bands(self) -> int:
-        """CAKE_BACKWARD_BANDS of the family's programs (one value for all of them)."""
-        table = family_table(self.package.__name__.removeprefix("cake."))
-        bands = {spec.params["CAKE_BACKWARD_BANDS"] for spec in table.specs}
-        assert len(bands) == 1, bands
-        return bands.pop()
+    def backward_bands(self, cols: int, dtype=torch.bfloat16) -> int:
+        """The backward's bands at D = ``cols`` in the program serving it (aligned rows):
+        the table's CAKE_BACKWARD_BANDS, more where its CTAs are small (launch_model)."""
+        load = "vector" if cols % (16 // dtype.itemsize) == 0 else "scalar"
+        knobs = family_module("cake_rmsnorm_det_train").tuning(str(dtype)[6:], load, self.gated, cols)
+        return launch_model.backward_bands(knobs, cols)
 
-    def rows_per_band(self, rows: int) -> int:
-        """The kernels' band of ``rows``: the rows a backward CTA takes on average (the grid
-        has ceil(rows / band) CTAs, which take the row steps in turn; with CAKE_BACKWARD_GUIDED
-        1, half as many take each half of them, so a CTA still takes a band's rows)."""
-        return max(MIN_ROWS_PER_BAND, -(-rows // self.backward_bands))
+    def rows_per_band(self, rows: int, cols: int, dtype=torch.bfloat16) -> int:
+        """The kernels' band of ``rows`` at D = ``cols``: the rows a backward CTA takes on
+        average (the grid has ceil(rows / band) CTAs, which take the row steps in turn; with
+        CAKE_BACKWARD_GUIDED 1, half as many take each half of them, so a CTA still takes a
+        band's rows)."""
+        return max(MIN_ROWS_PER_BAND, -(-rows // self.backward_bands(cols, dtype)))
 
     def forward(self, x, g, w, residual=None, **kw):
         if self.gated:

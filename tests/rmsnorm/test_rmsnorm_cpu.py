@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 import fake_gpu  # noqa: E402
 from fake_gpu import cuda  # noqa: E402
+import launch_model  # noqa: E402
 from rmsnorm_families import FAMILIES, family_module, family_table  # noqa: E402
 
 from cake.core import jit, rmsnorm  # noqa: E402
@@ -418,14 +419,17 @@ def _call(compiled, name, entry, args):
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_bytes_entry(compiled, name):
-    """One fp32 partial row (D rounded up to 4) per backward CTA: one per band (at most the
-    table's CAKE_BACKWARD_BANDS bands of at least 16 rows), or with CAKE_BACKWARD_GUIDED h a wave
-    of half as many CTAs for each of its h + 1 regions."""
+    """One fp32 partial row (D rounded up to 4) per backward CTA: one per band (at most
+    launch_model.backward_bands bands of at least 16 rows: the table's CAKE_BACKWARD_BANDS, half
+    as many again in RMSNorm's 16-bit backward at D = 4097 .. 5120), or with CAKE_BACKWARD_GUIDED
+    h a wave of half as many CTAs for each of its h + 1 regions."""
     params = family_table(name).specs[0].params
-    bands, guided = params["CAKE_BACKWARD_BANDS"], params["CAKE_BACKWARD_GUIDED"]
+    table_bands, guided = params["CAKE_BACKWARD_BANDS"], params["CAKE_BACKWARD_GUIDED"]
     out = ctypes.c_int64(-1)
-    for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (48, 8), (16 * bands, 4096), (16 * bands + 1, 16),
-                       (65536, 1024), (10 ** 7, 16384)):
+    for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (48, 8), (16 * table_bands, 4096),
+                       (16 * table_bands + 1, 16), (65536, 1024), (10 ** 7, 16384), (16 * table_bands + 1, 4104),
+                       (65536, 4616), (10 ** 6, 5120), (10 ** 6, 5128)):
+        bands = launch_model.backward_bands(params, cols)
         per = max(16, -(-rows // bands))
         ctas = -(-rows // per)
         assert ctas <= bands and (rows == 0) == (ctas == 0)

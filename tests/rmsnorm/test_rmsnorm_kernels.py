@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from launch_model import MAX_EPT, elems_per_thread, threads_per_row
 
 from cake.core import jit
 from cake.core import manifest as mf
@@ -65,21 +66,6 @@ def test_kernels_do_not_spill(reports, name, program):
 
 _INSTANCE_RE = re.compile(r"_(forward|backward)ILi(\d+)ELi(\d+)EE")
 _PARAM_RE = re.compile(r"^#define (CAKE_\w+) (-?\d+)$", re.MULTILINE)
-_MAX_EPT = 32
-
-
-def _elems_per_thread(cols: int, min_ept: int, max_row: int) -> int:
-    ept = min_ept
-    while ept < _MAX_EPT:
-        if cols <= ept * max_row:
-            return ept
-        ept *= 2
-    return _MAX_EPT
-
-
-def _threads_per_row(cols: int, ept: int) -> int:
-    need = -(-cols // ept)
-    return -(-need // 32) * 32 if need > 32 else 1 << (need - 1).bit_length()
 
 
 def _expected_instances(params: dict) -> set:
@@ -97,9 +83,9 @@ def _expected_instances(params: dict) -> set:
         if not params["CAKE_VECTOR"]:
             continue
         for cols in range(params["CAKE_COLS_MIN"], params["CAKE_COLS_MAX"] + 1):
-            ept = _elems_per_thread(cols, min_ept, max_row)
-            tpr = _threads_per_row(cols, ept)
-            common = params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"] and ept < _MAX_EPT
+            ept = elems_per_thread(cols, min_ept, max_row)
+            tpr = threads_per_row(cols, ept)
+            common = params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"] and ept < MAX_EPT
             if tpr in ((64, 128, 192, 256, 320, 384, 448, 512) if common else (64, 128, 256, 512)):
                 expected.add((direction, ept, tpr))
     return expected

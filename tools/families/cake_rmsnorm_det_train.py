@@ -66,6 +66,12 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # width at run time: in two H200 tunes of 2026-12-03 the backward 1.08-1.14x at those D (87-94%
 # of copy, from 77-85%), the gated backward 1.06-1.34x (tools/bench/results/2026-12-03-h200-
 # rmsnorm-backward-common-widths-tune{1,2}.json); the forwards' since that day's A/B (below).
+# The backward's bands are for its 512-thread CTAs, two an SM; where a row of 288 or 320 threads
+# takes a CTA of its own (D = 4097 .. 5120), three fit an SM under the 64-register bound, and the
+# bands grow to 792 (backward_bands in csrc/include/cake/rmsnorm_common.cuh): 1.05-1.06x at
+# D = 4608 and 1.02-1.04x at 5120 in an H200 A/B of 2026-12-03 (tools/bench/results/2026-12-03-
+# h200-rmsnorm-backward-bands-by-width-checks.txt). The gated backward (no register bound, one CTA
+# an SM) and the fp32 and scalar programs (a 1-CTA bound) keep theirs.
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
           "CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1,

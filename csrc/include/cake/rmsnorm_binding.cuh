@@ -33,8 +33,8 @@ struct Launchers {
   cudaError_t (*forward)(const ForwardParams&, cudaStream_t);
   cudaError_t (*backward)(const BackwardParams&, int64_t ctas, cudaStream_t);
   cudaError_t (*dweight)(const DweightParams&, cudaStream_t);
-  int64_t (*backward_rows_per_cta)(int64_t rows);  // the backward's band of rows (>= 1)
-  int64_t (*backward_ctas)(int64_t rows);          // its CTAs (weight-gradient partial rows)
+  int64_t (*backward_rows_per_cta)(int64_t rows, int cols);  // the backward's band of rows (>= 1)
+  int64_t (*backward_ctas)(int64_t rows, int cols);          // its CTAs (weight-gradient partial rows)
 };
 
 // What one program was compiled for.
@@ -155,8 +155,8 @@ inline int backward_entry(const ProgramShape& shape, const Launchers& launch, co
   const bool live = rows > 0;
   const bool want_dweight = args.i64(11) != 0;
   if (!check_shape(check, shape, rows, cols)) return check.status();
-  const int64_t rows_per_cta = launch.backward_rows_per_cta(rows);
-  const int64_t ctas = launch.backward_ctas(rows);
+  const int64_t rows_per_cta = launch.backward_rows_per_cta(rows, static_cast<int>(cols));
+  const int64_t ctas = launch.backward_ctas(rows, static_cast<int>(cols));
   const int64_t needed = want_dweight ? workspace_bytes(ctas, static_cast<int>(cols)) : 0;
   const int dweight_bytes = dweight_dtype == kF32 ? 4 : 2;
   if (!check.require(weight_fp32 == 0 || weight_fp32 == 1, "weight_fp32 must be 0 or 1") ||
@@ -220,7 +220,7 @@ inline int workspace_entry(const ProgramShape& shape, const Launchers& launch, c
   const Args args{values, nargs};
   const int64_t rows = args.i64(0), cols = args.i64(1);
   if (!check_shape(check, shape, rows, cols) || !check.pointer(args, 2, "out", true, 8)) return check.status();
-  *args.ptr<int64_t>(2) = workspace_bytes(launch.backward_ctas(rows), static_cast<int>(cols));
+  *args.ptr<int64_t>(2) = workspace_bytes(launch.backward_ctas(rows, static_cast<int>(cols)), static_cast<int>(cols));
   return kOk;
 }
 

@@ -44,8 +44,8 @@
 //
 // Determinism. Forward rows are independent, so the forward grid is free (kForwardCtaRows). The
 // weight gradient is reduced in an order fixed by (rows, cols) and the program only: the grid
-// has one CTA per band of rows_per_cta rows (rows_per_cta from the row count and
-// Config::kBackwardBands), or with Config::kBackwardGuided half as many per region
+// has one CTA per band of rows_per_cta rows (rows_per_cta from the row count and the bands
+// backward_bands gives D), or with Config::kBackwardGuided half as many per region
 // (backward_ctas), and CTA b owns either the rows [b * rows_per_cta, (b + 1) * rows_per_cta), or
 // (Config::kBackwardInterleave) every ctas-th step of `groups` rows from step b, or every
 // wave-th step of its region (BackwardSpan); its row groups take those rows round-robin and
@@ -114,7 +114,9 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //                        grid follows the occupancy); n > 0 about rows / n CTAs (at least one
 //                        row step each), so that the block scheduler evens out the SMs, which
 //                        drain DRAM at different rates (a persistent wave ends with the slowest)
-//   kBackwardBands       at most this many backward CTAs (weight-gradient partial rows)
+//   kBackwardBands       at most this many backward CTAs (weight-gradient partial rows) where
+//                        they take kBackwardCtaThreads threads; more where they take fewer and
+//                        more of them fit an SM (backward_bands)
 //   kBackwardOverlapStaging  1: a staged backward CTA stages its shared-memory weights a pack
 //                        at a time while its ring's first copies are in flight; 0: an element
 //                        at a time, before them (Weights::stage)
@@ -1672,23 +1674,44 @@ inline int ring_stages(int knob, size_t slot_bytes, size_t fixed_bytes, bool asy
   return stages < 1 ? 1 : stages;
 }
 
-// The backward's row partition, fixed by the row count and the program alone: at most
-// Cfg::kBackwardBands bands of at least kMinRowsPerCta rows.
+// CTAs of `threads` threads that an SM holds by registers when the launch bound gives each thread
+// the registers of `min_blocks` CTAs of kMaxCtaThreads (the register file, 16 * min_blocks warps
+// of them); at least one, and one for min_blocks 0 (no bound).
+constexpr int bound_ctas_per_sm(int threads, int min_blocks) {
+  const int warps = (threads + 31) / 32;
+  const int fit = min_blocks * (kMaxCtaThreads / 32) / warps;
+  return fit > 1 ? fit : 1;
+}
+
+// The backward's bands for D = cols, whose instance has a launch bound of `min_blocks` CTAs:
+// Cfg::kBackwardBands is for CTAs of Cfg::kBackwardCtaThreads (whole waves of them); where a row
+// group takes most of such a CTA and leaves it smaller, so that the SMs hold more of them (rows of
+// 288 or 320 threads at 16 elements a thread, D = 4097 .. 5120: three an SM under a 2-CTA bound,
+// not two), the bands grow in proportion and still make whole waves.
+template <class Cfg>
+inline int64_t backward_bands(int cols, int min_blocks) {
+  const int tpr = threads_per_row(cols, elems_per_thread<Cfg::kMinEpt, Cfg::kBackwardMaxRowThreads>(cols));
+  const int threads = tpr * row_groups_per_cta<Cfg, true>(tpr);
+  return static_cast<int64_t>(Cfg::kBackwardBands) * bound_ctas_per_sm(threads, min_blocks) /
+         bound_ctas_per_sm(Cfg::kBackwardCtaThreads, min_blocks);
+}
+
+// The backward's row partition, fixed by (rows, cols) and the program alone: at most `bands`
+// (backward_bands) bands of at least kMinRowsPerCta rows.
 constexpr int64_t kMinRowsPerCta = 16;
 
-template <class Cfg>
-inline int64_t backward_rows_per_cta(int64_t rows) {
-  const int64_t even = (rows + Cfg::kBackwardBands - 1) / Cfg::kBackwardBands;
+inline int64_t backward_rows_per_cta(int64_t rows, int64_t bands) {
+  const int64_t even = (rows + bands - 1) / bands;
   return even > kMinRowsPerCta ? even : kMinRowsPerCta;
 }
 
 // The backward's CTAs (weight-gradient partial rows): one a band, or (Cfg::kBackwardGuided) a
 // wave of half as many for each region (BackwardSpan).
 template <class Cfg>
-inline int64_t backward_ctas(int64_t rows) {
-  const int64_t per = backward_rows_per_cta<Cfg>(rows);
-  const int64_t bands = (rows + per - 1) / per;
-  return Cfg::kBackwardGuided > 0 ? (bands + 1) / 2 * (Cfg::kBackwardGuided + 1) : bands;
+inline int64_t backward_ctas(int64_t rows, int64_t bands) {
+  const int64_t per = backward_rows_per_cta(rows, bands);
+  const int64_t count = (rows + per - 1) / per;
+  return Cfg::kBackwardGuided > 0 ? (count + 1) / 2 * (Cfg::kBackwardGuided + 1) : count;
 }
 
 inline int padded_cols(int cols) { return (cols + 3) / 4 * 4; }

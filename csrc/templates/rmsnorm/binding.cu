@@ -16,8 +16,8 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream);
 cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream);
-int64_t cake_library_backward_rows_per_cta(int64_t rows);
-int64_t cake_library_backward_ctas(int64_t rows);
+int64_t cake_library_backward_rows_per_cta(int64_t rows, int cols);
+int64_t cake_library_backward_ctas(int64_t rows, int cols);
 
 namespace {
 

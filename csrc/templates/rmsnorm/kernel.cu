@@ -99,8 +99,15 @@ constexpr int kForwardMinBlocks =
     kEpt == cake::rmsnorm::kMaxEpt ? 1
     : (kTpr == 0 && CAKE_FORWARD_MIN_BLOCKS > kAnyWidthForwardMaxBlocks ? kAnyWidthForwardMaxBlocks
                                                                        : CAKE_FORWARD_MIN_BLOCKS);
+constexpr int backward_min_blocks(int ept) { return ept == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS; }
 template <int kEpt>
-constexpr int kBackwardMinBlocks = kEpt == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS;
+constexpr int kBackwardMinBlocks = backward_min_blocks(kEpt);
+
+// The backward's bands for D = cols (backward_bands, at the launch bound of the instance serving it).
+int64_t backward_bands(int cols) {
+  const int ept = cake::rmsnorm::elems_per_thread<Config::kMinEpt, Config::kBackwardMaxRowThreads>(cols);
+  return cake::rmsnorm::backward_bands<Config>(cols, backward_min_blocks(ept));
+}
 
 }  // namespace
 
@@ -146,8 +153,10 @@ cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, c
   return cake::rmsnorm::launch_dweight(kernel_cake_library_dweight, p, stream);
 }
 
-int64_t cake_library_backward_rows_per_cta(int64_t rows) {
-  return cake::rmsnorm::backward_rows_per_cta<Config>(rows);
+int64_t cake_library_backward_rows_per_cta(int64_t rows, int cols) {
+  return cake::rmsnorm::backward_rows_per_cta(rows, backward_bands(cols));
 }
 
-int64_t cake_library_backward_ctas(int64_t rows) { return cake::rmsnorm::backward_ctas<Config>(rows); }
+int64_t cake_library_backward_ctas(int64_t rows, int cols) {
+  return cake::rmsnorm::backward_ctas<Config>(rows, backward_bands(cols));
+}
