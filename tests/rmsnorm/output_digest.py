@@ -3,10 +3,11 @@
 the row outputs (y, the prenorm sum, rstd, dx, dg, dresidual), then the weight gradient apart,
 whose bits alone depend on how the backward partitions the rows.
 
-    python tests/rmsnorm/output_digest.py [--first N] > digest.txt
+    python tests/rmsnorm/output_digest.py [--first N] [--cols D,...] > digest.txt
 
 (``--first N``: from the N-th case on, 0-based, with the same seeds: the rest of a run that ran
-out of time.)
+out of time. ``--cols``: only the cases of those widths, with the same seeds: a change that
+touches a few widths.)
 
 Run in two checkouts (e.g. main in ``.baseline``) and ``diff`` the files: a kernel change that
 claims to keep the math must leave every line identical. The grid: both families; bf16, fp16,
@@ -99,9 +100,11 @@ def band_cases(dims):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--first", type=int, default=0, help="the first case to digest (0-based)")
+    parser.add_argument("--cols", type=lambda text: {int(d) for d in text.split(",")},
+                        help="only the cases of these widths (comma-separated)")
     args = parser.parse_args(argv)
     for index, (name, family, rows, cols, dtype, options) in enumerate(cases()):
-        if index >= args.first:
+        if index >= args.first and (args.cols is None or cols in args.cols):
             print(name, case_digest(family, rows, cols, dtype, options, index + 1), flush=True)
     torch.cuda.synchronize()
     return 0

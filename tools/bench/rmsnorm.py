@@ -491,6 +491,10 @@ TUNE_VARIANTS = {
     # The row steps in regions of 1/2, 1/4, ..., each taken in turn by a wave of half the bands'
     # CTAs (CAKE_BACKWARD_GUIDED; the gated table's 1 since 2026-12-02, tools/bench/results/
     # 2026-12-02-h200-rmsnorm-backward-guided-tune-*.json), and with other band counts.
+    # Fixed-width rows for every multiple of 32 threads below 512 (96, 160, 224, 288, ...: D = 1536,
+    # 2560, 3584, 4608 at 16 elements a thread), not only the multiples of 64.
+    "common32": {"CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2},
+    "common64": {"CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1},
     "bwd_guided1": {"CAKE_BACKWARD_GUIDED": 1},
     "bwd_guided2": {"CAKE_BACKWARD_GUIDED": 2},
     "bwd_guided3": {"CAKE_BACKWARD_GUIDED": 3},

@@ -101,8 +101,9 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kBackwardMaxRowThreads the same for the backward
 //   kColsMin, kColsMax   the program's band of D (its route): fixed-width instances that
 //                        serve no D in it are not compiled (reachable_width)
-//   kForwardCommonWidths 0 or 1: forward instances below kMaxEpt also fix the row groups of the
-//                        multiples of 64 between the powers of two (with_instance)
+//   kForwardCommonWidths 0, 1 or 2: forward instances below kMaxEpt also fix the row groups of the
+//                        multiples of 64 between the powers of two (1), or of every multiple of
+//                        32 (2) (with_instance)
 //   kBackwardCommonWidths  the same for the backward
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
@@ -141,8 +142,8 @@ __host__ __device__ constexpr bool valid_config() {
   return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
          Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
          valid_max_row_threads(Cfg::kForwardMaxRowThreads) && valid_max_row_threads(Cfg::kBackwardMaxRowThreads) &&
-         (Cfg::kForwardCommonWidths == 0 || Cfg::kForwardCommonWidths == 1) &&
-         (Cfg::kBackwardCommonWidths == 0 || Cfg::kBackwardCommonWidths == 1) && Cfg::kColsMin >= 1 &&
+         Cfg::kForwardCommonWidths >= 0 && Cfg::kForwardCommonWidths <= 2 &&
+         Cfg::kBackwardCommonWidths >= 0 && Cfg::kBackwardCommonWidths <= 2 && Cfg::kColsMin >= 1 &&
          Cfg::kColsMin <= Cfg::kColsMax && Cfg::kColsMax <= kMaxCols &&
          valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
@@ -395,7 +396,7 @@ __host__ __device__ constexpr int row_groups(int tpr) {
 
 // A CTA's row layout: row groups of `tpr` threads (see the top of this file), `groups` of them
 // (row_groups), `threads` in all, and the calling thread's group and lane. An instance that
-// fixes kTpr (> 0: the common widths, multiples of 64, aligned route) has them at compile time, so
+// fixes kTpr (> 0: the common widths, multiples of 32, aligned route) has them at compile time, so
 // ring, row and column offsets fold into immediates; kTpr 0 takes tpr from the launch
 // parameters (any D).
 template <int kTpr, int kCtaThreads>
@@ -1617,8 +1618,9 @@ constexpr bool reachable_width(int ept, int tpr) {
 // band (at 16 elements a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384), and
 // with kCommonWidths (the direction's knob) below kMaxEpt for the multiples of 64 between them
 // too (at 16 elements a thread D = 3072, 5120, 6144, 7168: common model widths that the
-// run-time instance read at 69-90% of copy on the H200); any other width runs the run-time one.
-template <class Cfg, int kMaxRow, bool kAligned, bool kCommonWidths, typename F>
+// run-time instance read at 69-90% of copy on the H200), or with kCommonWidths 2 for every
+// multiple of 32 (also D = 1536, 2560, 3584, 4608, ...); any other width runs the run-time one.
+template <class Cfg, int kMaxRow, bool kAligned, int kCommonWidths, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
   const int ept = elems_per_thread<Cfg::kMinEpt, kMaxRow>(cols);
   const int tpr = threads_per_row(cols, ept);
@@ -1639,11 +1641,20 @@ inline cudaError_t with_instance(int cols, F&& f) {
     fixed(std::integral_constant<int, 128>{});
     fixed(std::integral_constant<int, 256>{});
     fixed(std::integral_constant<int, 512>{});
-    if constexpr (kCommonWidths && kEpt < kMaxEpt) {
+    if constexpr (kCommonWidths >= 1 && kEpt < kMaxEpt) {
       fixed(std::integral_constant<int, 192>{});
       fixed(std::integral_constant<int, 320>{});
       fixed(std::integral_constant<int, 384>{});
       fixed(std::integral_constant<int, 448>{});
+    }
+    if constexpr (kCommonWidths >= 2 && kEpt < kMaxEpt) {
+      fixed(std::integral_constant<int, 96>{});
+      fixed(std::integral_constant<int, 160>{});
+      fixed(std::integral_constant<int, 224>{});
+      fixed(std::integral_constant<int, 288>{});
+      fixed(std::integral_constant<int, 352>{});
+      fixed(std::integral_constant<int, 416>{});
+      fixed(std::integral_constant<int, 480>{});
     }
     return launched ? status : f(Instance<kEpt, 0>{});
   };

@@ -130,7 +130,7 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   constexpr int kMaxRow = Config::kForwardMaxRowThreads;
-  constexpr bool kCommonWidths = Config::kForwardCommonWidths != 0;
+  constexpr int kCommonWidths = Config::kForwardCommonWidths;
   return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
@@ -141,7 +141,7 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   constexpr int kMaxRow = Config::kBackwardMaxRowThreads;
-  constexpr bool kCommonWidths = Config::kBackwardCommonWidths != 0;
+  constexpr int kCommonWidths = Config::kBackwardCommonWidths;
   return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
