@@ -107,8 +107,10 @@ def cake_rmsnorm_det_train_backward(
 def cake_rmsnorm_det_train_backward_workspace_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
     """Bytes of device workspace the backward needs for x ``[..., D]`` (0 without rows).
 
-    One fp32 partial weight-gradient row per band of rows (at most 528 bands). Loads (or
-    JIT-compiles) the program the call routes to.
+    One fp32 partial weight-gradient row per band of rows (at most 528 bands; 792 at D = 4097 ..
+    5120 with 16-byte aligned bf16 or fp16 rows). Loads (or JIT-compiles) the program the call
+    routes to, so ask with the x the backward will get: an x that routes otherwise (e.g.
+    misaligned) may get a smaller size, which the backward then rejects.
 
     Example::
 

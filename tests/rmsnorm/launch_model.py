@@ -28,7 +28,7 @@ def backward_bands(params: dict, cols: int) -> int:
     """The backward's bands at D = cols: CAKE_BACKWARD_BANDS for CTAs of
     CAKE_BACKWARD_CTA_THREADS, times how many more CTAs of the D's own size an SM holds under the
     instance's launch bound (CAKE_BACKWARD_MIN_BLOCKS CTAs of 512 threads' registers, one at 32
-    elements a thread; 0: no bound, one CTA)."""
+    elements a thread; 0: no bound, one CTA), and never fewer."""
     ept = elems_per_thread(cols, params["CAKE_MIN_ELEMS_PER_THREAD"], params["CAKE_BACKWARD_MAX_ROW_THREADS"])
     tpr = threads_per_row(cols, ept)
     cta = params["CAKE_BACKWARD_CTA_THREADS"]
@@ -38,4 +38,4 @@ def backward_bands(params: dict, cols: int) -> int:
     def resident(n: int) -> int:
         return max(1, min_blocks * (MAX_CTA_THREADS // 32) // -(-n // 32))
 
-    return params["CAKE_BACKWARD_BANDS"] * resident(threads) // resident(cta)
+    return max(params["CAKE_BACKWARD_BANDS"], params["CAKE_BACKWARD_BANDS"] * resident(threads) // resident(cta))

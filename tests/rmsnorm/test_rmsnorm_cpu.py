@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fake_gpu  # noqa: E402
-from fake_gpu import cuda  # noqa: E402
 import launch_model  # noqa: E402
+from fake_gpu import cuda  # noqa: E402
 from rmsnorm_families import FAMILIES, family_module, family_table  # noqa: E402
 
 from cake.core import jit, rmsnorm  # noqa: E402
@@ -416,29 +416,52 @@ def _call(compiled, name, entry, args):
     return status, error.value.decode()
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", NAMES)
-def test_workspace_bytes_entry(compiled, name):
+def _workspace_bytes(params: dict, rows: int, cols: int) -> int:
     """One fp32 partial row (D rounded up to 4) per backward CTA: one per band (at most
     launch_model.backward_bands bands of at least 16 rows: the table's CAKE_BACKWARD_BANDS, half
     as many again in RMSNorm's 16-bit backward at D = 4097 .. 5120), or with CAKE_BACKWARD_GUIDED
     h a wave of half as many CTAs for each of its h + 1 regions."""
+    bands = launch_model.backward_bands(params, cols)
+    ctas = -(-rows // max(16, -(-rows // bands)))
+    assert ctas <= bands and (rows == 0) == (ctas == 0)
+    guided = params["CAKE_BACKWARD_GUIDED"]
+    if guided:
+        ctas = -(-ctas // 2) * (guided + 1)
+    return ctas * ((cols + 3) // 4 * 4) * 4
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NAMES)
+def test_workspace_bytes_entry(compiled, name):
+    """The entry's workspace size (_workspace_bytes) at the edges of the band count: no rows,
+    fewer rows than a band's least, the table's bands full and one row past, and the widths
+    whose bands differ (D = 4097 .. 5120)."""
     params = family_table(name).specs[0].params
-    table_bands, guided = params["CAKE_BACKWARD_BANDS"], params["CAKE_BACKWARD_GUIDED"]
+    table_bands = params["CAKE_BACKWARD_BANDS"]
     out = ctypes.c_int64(-1)
     for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (48, 8), (16 * table_bands, 4096),
                        (16 * table_bands + 1, 16), (65536, 1024), (10 ** 7, 16384), (16 * table_bands + 1, 4104),
                        (65536, 4616), (10 ** 6, 5120), (10 ** 6, 5128)):
-        bands = launch_model.backward_bands(params, cols)
-        per = max(16, -(-rows // bands))
-        ctas = -(-rows // per)
-        assert ctas <= bands and (rows == 0) == (ctas == 0)
-        if guided:
-            ctas = -(-ctas // 2) * (guided + 1)
         assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)]) == (0, "")
-        assert out.value == ctas * ((cols + 3) // 4 * 4) * 4, (rows, cols)
+        assert out.value == _workspace_bytes(params, rows, cols), (rows, cols)
     status, message = _call(compiled, name, "workspace_bytes", [10, 12, ctypes.addressof(out)])
     assert status == 1 and "vector width" in message
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NAMES)
+def test_backward_bands_at_every_width(compiled, name):
+    """The backward's band count, read back through the workspace entry at enough rows that the
+    bands bind, follows launch_model.backward_bands at every width of the vector program."""
+    params = family_table(name).specs[0].params
+    rows = 16 * 4 * params["CAKE_BACKWARD_BANDS"]
+    out = ctypes.c_int64(-1)
+    wrong = []
+    for cols in range(8, 16385, 8):
+        assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)]) == (0, "")
+        if out.value != _workspace_bytes(params, rows, cols):
+            wrong.append(cols)
+    assert not wrong, wrong[:10]
 
 
 @pytest.mark.nvcc

@@ -430,6 +430,10 @@ GATED_BACKWARD_SHAPE = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0
 # the two families differ in the backward's stages and register bound), one knob at a time, and a
 # few pairs. "table" is that tuning itself (the reference of the output checks); "registers" is
 # the design before the shared-memory ring, launched as it was (one persistent forward wave).
+# CAKE_BACKWARD_BANDS is the count for CTAs of CAKE_BACKWARD_CTA_THREADS; since 2026-12-03's
+# backward_bands a D whose CTA is smaller and fits more of them an SM gets more (e.g. 792 for the
+# table's 528 at D = 4097 .. 5120, 1188 for bands792 there; with 256-thread CTAs also at D = 2056);
+# the variants' figures measured before then had the knob's count at every D.
 TUNE_VARIANTS = {
     "table": {},
     "registers": {"CAKE_FORWARD_STAGES": 0, "CAKE_BACKWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0,
@@ -491,10 +495,6 @@ TUNE_VARIANTS = {
     # The row steps in regions of 1/2, 1/4, ..., each taken in turn by a wave of half the bands'
     # CTAs (CAKE_BACKWARD_GUIDED; the gated table's 1 since 2026-12-02, tools/bench/results/
     # 2026-12-02-h200-rmsnorm-backward-guided-tune-*.json), and with other band counts.
-    # Fixed-width rows for every multiple of 32 threads below 512 (96, 160, 224, 288, ...: D = 1536,
-    # 2560, 3584, 4608 at 16 elements a thread), not only the multiples of 64.
-    "common32": {"CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2},
-    "common64": {"CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1},
     "bwd_guided1": {"CAKE_BACKWARD_GUIDED": 1},
     "bwd_guided2": {"CAKE_BACKWARD_GUIDED": 2},
     "bwd_guided3": {"CAKE_BACKWARD_GUIDED": 3},
@@ -523,6 +523,10 @@ TUNE_VARIANTS = {
     "bwd_cta128_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
     "bwd_cta128_bands1056_stages3": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056,
                                      "CAKE_BACKWARD_STAGES": 3},
+    # Fixed-width rows for every multiple of 32 threads below 512 (96, 160, 224, 288, ...: D = 1536,
+    # 2560, 3584, 4608 at 16 elements a thread), not only the multiples of 64.
+    "common32": {"CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2},
+    "common64": {"CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
     "row256": {"CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,

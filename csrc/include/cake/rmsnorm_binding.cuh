@@ -155,9 +155,10 @@ inline int backward_entry(const ProgramShape& shape, const Launchers& launch, co
   const bool live = rows > 0;
   const bool want_dweight = args.i64(11) != 0;
   if (!check_shape(check, shape, rows, cols)) return check.status();
-  const int64_t rows_per_cta = launch.backward_rows_per_cta(rows, static_cast<int>(cols));
-  const int64_t ctas = launch.backward_ctas(rows, static_cast<int>(cols));
-  const int64_t needed = want_dweight ? workspace_bytes(ctas, static_cast<int>(cols)) : 0;
+  const int width = static_cast<int>(cols);  // in [1, kMaxCols] (check_shape)
+  const int64_t rows_per_cta = launch.backward_rows_per_cta(rows, width);
+  const int64_t ctas = launch.backward_ctas(rows, width);
+  const int64_t needed = want_dweight ? workspace_bytes(ctas, width) : 0;
   const int dweight_bytes = dweight_dtype == kF32 ? 4 : 2;
   if (!check.require(weight_fp32 == 0 || weight_fp32 == 1, "weight_fp32 must be 0 or 1") ||
       !check.require(dweight_dtype >= kBF16 && dweight_dtype <= kF32, "dweight dtype code must be 0, 1 or 2") ||
@@ -178,7 +179,7 @@ inline int backward_entry(const ProgramShape& shape, const Launchers& launch, co
       !check.pointer(args, 11, "dweight", false, dweight_bytes)) {
     return check.status();
   }
-  const int padded = padded_cols(static_cast<int>(cols));
+  const int padded = padded_cols(width);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (live) {
     BackwardParams p{};
@@ -220,7 +221,8 @@ inline int workspace_entry(const ProgramShape& shape, const Launchers& launch, c
   const Args args{values, nargs};
   const int64_t rows = args.i64(0), cols = args.i64(1);
   if (!check_shape(check, shape, rows, cols) || !check.pointer(args, 2, "out", true, 8)) return check.status();
-  *args.ptr<int64_t>(2) = workspace_bytes(launch.backward_ctas(rows, static_cast<int>(cols)), static_cast<int>(cols));
+  const int width = static_cast<int>(cols);
+  *args.ptr<int64_t>(2) = workspace_bytes(launch.backward_ctas(rows, width), width);
   return kOk;
 }
 

@@ -22,8 +22,8 @@
 // whose row group stays within the direction's widest); on the aligned route, the power-of-two
 // row groups of 64 to 512 threads that a direction reaches in the program's band of D (e.g.
 // D = 1024 .. 8192 at 16 elements a thread, 16384 at 32), and with the direction's
-// common-widths knob the multiples of 64 between them below 32 elements a thread (e.g.
-// D = 3072, 5120, 6144, 7168), also get instances with that width fixed
+// common-widths knob the multiples of 64 (or of 32) between them below 32 elements a thread (e.g.
+// D = 3072, 5120, 6144, 7168; 1536, 2560, 3584, 4608), also get instances with that width fixed
 // at compile time (Shape, with_instance), whose ring, row and column offsets are immediates:
 // the row loop then spends its instructions on the data. Fewer threads a row with more
 // elements each spread a row step's fixed instructions (copies, sum, rstd, loop) over more data.
@@ -1600,7 +1600,7 @@ struct Instance {
 };
 
 // Whether a direction (kMaxRow) of a program serving D = Cfg::kColsMin .. Cfg::kColsMax ever
-// runs `ept` elements a thread with row groups of exactly `tpr` (a multiple of 64) threads: some
+// runs `ept` elements a thread with row groups of exactly `tpr` (a multiple of 32, >= 64) threads: some
 // D of that width, (tpr - 32) * ept + 1 .. tpr * ept (row groups round up to a multiple of 32),
 // is in the program's band and in ept's band. elems_per_thread grows with D through every
 // instance in turn, so the ends of the overlap decide.
@@ -1694,17 +1694,21 @@ constexpr int bound_ctas_per_sm(int threads, int min_blocks) {
   return fit > 1 ? fit : 1;
 }
 
-// The backward's bands for D = cols, whose instance has a launch bound of `min_blocks` CTAs:
-// Cfg::kBackwardBands is for CTAs of Cfg::kBackwardCtaThreads (whole waves of them); where a row
-// group takes most of such a CTA and leaves it smaller, so that the SMs hold more of them (rows of
-// 288 or 320 threads at 16 elements a thread, D = 4097 .. 5120: three an SM under a 2-CTA bound,
-// not two), the bands grow in proportion and still make whole waves.
+// The backward's bands for D = cols at elements a thread `ept`, whose instance has a launch
+// bound of `min_blocks` CTAs: Cfg::kBackwardBands is for CTAs of Cfg::kBackwardCtaThreads (whole
+// waves of them); where a row group takes most of such a CTA and leaves it smaller, so that the
+// SMs hold more of them (rows of 288 or 320 threads at 16 elements a thread, D = 4097 .. 5120:
+// three an SM under a 2-CTA bound, not two), the bands grow in proportion and still make whole
+// waves (never shrink: a row wider than the CTA size keeps the knob's count). Registers only:
+// the table's 2-slot ring lets three such CTAs share an SM's shared memory (57.6 KB a CTA at
+// D = 4608, 64 KB at 5120); a deeper ring would fit two, and the bands then make 1.5 waves.
 template <class Cfg>
-inline int64_t backward_bands(int cols, int min_blocks) {
-  const int tpr = threads_per_row(cols, elems_per_thread<Cfg::kMinEpt, Cfg::kBackwardMaxRowThreads>(cols));
+inline int64_t backward_bands(int cols, int ept, int min_blocks) {
+  const int tpr = threads_per_row(cols, ept);
   const int threads = tpr * row_groups_per_cta<Cfg, true>(tpr);
-  return static_cast<int64_t>(Cfg::kBackwardBands) * bound_ctas_per_sm(threads, min_blocks) /
-         bound_ctas_per_sm(Cfg::kBackwardCtaThreads, min_blocks);
+  const int64_t scaled = static_cast<int64_t>(Cfg::kBackwardBands) * bound_ctas_per_sm(threads, min_blocks) /
+                         bound_ctas_per_sm(Cfg::kBackwardCtaThreads, min_blocks);
+  return scaled > Cfg::kBackwardBands ? scaled : Cfg::kBackwardBands;
 }
 
 // The backward's row partition, fixed by (rows, cols) and the program alone: at most `bands`

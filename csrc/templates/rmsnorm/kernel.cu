@@ -103,10 +103,11 @@ constexpr int backward_min_blocks(int ept) { return ept == cake::rmsnorm::kMaxEp
 template <int kEpt>
 constexpr int kBackwardMinBlocks = backward_min_blocks(kEpt);
 
-// The backward's bands for D = cols (backward_bands, at the launch bound of the instance serving it).
-int64_t backward_bands(int cols) {
+// The backward's bands at D = cols: backward_bands for the instance serving it (its elements a
+// thread and launch bound).
+int64_t bands_at(int cols) {
   const int ept = cake::rmsnorm::elems_per_thread<Config::kMinEpt, Config::kBackwardMaxRowThreads>(cols);
-  return cake::rmsnorm::backward_bands<Config>(cols, backward_min_blocks(ept));
+  return cake::rmsnorm::backward_bands<Config>(cols, ept, backward_min_blocks(ept));
 }
 
 }  // namespace
@@ -154,9 +155,9 @@ cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, c
 }
 
 int64_t cake_library_backward_rows_per_cta(int64_t rows, int cols) {
-  return cake::rmsnorm::backward_rows_per_cta(rows, backward_bands(cols));
+  return cake::rmsnorm::backward_rows_per_cta(rows, bands_at(cols));
 }
 
 int64_t cake_library_backward_ctas(int64_t rows, int cols) {
-  return cake::rmsnorm::backward_ctas<Config>(rows, backward_bands(cols));
+  return cake::rmsnorm::backward_ctas<Config>(rows, bands_at(cols));
 }
