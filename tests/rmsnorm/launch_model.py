@@ -6,6 +6,7 @@ from __future__ import annotations
 
 MAX_EPT = 32  # kMaxEpt
 MAX_CTA_THREADS = 512  # kMaxCtaThreads
+MIN_ROWS_PER_BAND = 16  # kMinRowsPerCta: the fewest rows a backward band takes
 
 
 def elems_per_thread(cols: int, min_ept: int, max_row: int) -> int:
@@ -39,3 +40,9 @@ def backward_bands(params: dict, cols: int) -> int:
         return max(1, min_blocks * (MAX_CTA_THREADS // 32) // -(-n // 32))
 
     return max(params["CAKE_BACKWARD_BANDS"], params["CAKE_BACKWARD_BANDS"] * resident(threads) // resident(cta))
+
+
+def rows_per_band(params: dict, rows: int, cols: int) -> int:
+    """The backward's band of ``rows`` at D = cols (backward_partition): the rows a CTA takes
+    on average."""
+    return max(MIN_ROWS_PER_BAND, -(-rows // backward_bands(params, cols)))

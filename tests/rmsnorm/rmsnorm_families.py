@@ -31,9 +31,6 @@ DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 3584, 3592
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 REPO = Path(__file__).resolve().parents[2]
-# The fewest rows a backward band takes (kMinRowsPerCta, csrc/include/cake/rmsnorm_common.cuh).
-MIN_ROWS_PER_BAND = 16
-
 
 @functools.lru_cache(maxsize=None)
 def family_module(name: str):
@@ -57,19 +54,16 @@ class Family:
     gated: bool
     package: object
 
-    def backward_bands(self, cols: int, dtype=torch.bfloat16) -> int:
-        """The backward's bands at D = ``cols`` in the program serving it (aligned rows):
-        the table's CAKE_BACKWARD_BANDS, more where its CTAs are small (launch_model)."""
+    def backward_knobs(self, cols: int, dtype=torch.bfloat16) -> dict:
+        """The knobs of the program serving D = ``cols`` with aligned rows of ``dtype``."""
         load = "vector" if cols % (16 // dtype.itemsize) == 0 else "scalar"
-        knobs = family_module("cake_rmsnorm_det_train").tuning(str(dtype)[6:], load, self.gated, cols)
-        return launch_model.backward_bands(knobs, cols)
+        return family_module("cake_rmsnorm_det_train").tuning(str(dtype)[6:], load, self.gated, cols)
 
     def rows_per_band(self, rows: int, cols: int, dtype=torch.bfloat16) -> int:
-        """The kernels' band of ``rows`` at D = ``cols``: the rows a backward CTA takes on
-        average (the grid has ceil(rows / band) CTAs, which take the row steps in turn; with
-        CAKE_BACKWARD_GUIDED 1, half as many take each half of them, so a CTA still takes a
-        band's rows)."""
-        return max(MIN_ROWS_PER_BAND, -(-rows // self.backward_bands(cols, dtype)))
+        """The kernels' band of ``rows`` at D = ``cols`` (launch_model.rows_per_band: the grid
+        has ceil(rows / band) CTAs, which take the row steps in turn; with CAKE_BACKWARD_GUIDED
+        1, half as many take each half of them, so a CTA still takes a band's rows)."""
+        return launch_model.rows_per_band(self.backward_knobs(cols, dtype), rows, cols)
 
     def forward(self, x, g, w, residual=None, **kw):
         if self.gated:

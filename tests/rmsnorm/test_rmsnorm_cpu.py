@@ -421,9 +421,8 @@ def _workspace_bytes(params: dict, rows: int, cols: int) -> int:
     launch_model.backward_bands bands of at least 16 rows: the table's CAKE_BACKWARD_BANDS, half
     as many again in RMSNorm's 16-bit backward at D = 4097 .. 5120), or with CAKE_BACKWARD_GUIDED
     h a wave of half as many CTAs for each of its h + 1 regions."""
-    bands = launch_model.backward_bands(params, cols)
-    ctas = -(-rows // max(16, -(-rows // bands)))
-    assert ctas <= bands and (rows == 0) == (ctas == 0)
+    ctas = -(-rows // launch_model.rows_per_band(params, rows, cols))
+    assert ctas <= launch_model.backward_bands(params, cols) and (rows == 0) == (ctas == 0)
     guided = params["CAKE_BACKWARD_GUIDED"]
     if guided:
         ctas = -(-ctas // 2) * (guided + 1)

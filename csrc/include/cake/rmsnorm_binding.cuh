@@ -33,8 +33,7 @@ struct Launchers {
   cudaError_t (*forward)(const ForwardParams&, cudaStream_t);
   cudaError_t (*backward)(const BackwardParams&, int64_t ctas, cudaStream_t);
   cudaError_t (*dweight)(const DweightParams&, cudaStream_t);
-  int64_t (*backward_rows_per_cta)(int64_t rows, int cols);  // the backward's band of rows (>= 1)
-  int64_t (*backward_ctas)(int64_t rows, int cols);          // its CTAs (weight-gradient partial rows)
+  BackwardPartition (*backward_partition)(int64_t rows, int cols);  // its band of rows, its CTAs
 };
 
 // What one program was compiled for.
@@ -156,9 +155,8 @@ inline int backward_entry(const ProgramShape& shape, const Launchers& launch, co
   const bool want_dweight = args.i64(11) != 0;
   if (!check_shape(check, shape, rows, cols)) return check.status();
   const int width = static_cast<int>(cols);  // in [1, kMaxCols] (check_shape)
-  const int64_t rows_per_cta = launch.backward_rows_per_cta(rows, width);
-  const int64_t ctas = launch.backward_ctas(rows, width);
-  const int64_t needed = want_dweight ? workspace_bytes(ctas, width) : 0;
+  const BackwardPartition partition = launch.backward_partition(rows, width);
+  const int64_t needed = want_dweight ? workspace_bytes(partition.ctas, width) : 0;
   const int dweight_bytes = dweight_dtype == kF32 ? 4 : 2;
   if (!check.require(weight_fp32 == 0 || weight_fp32 == 1, "weight_fp32 must be 0 or 1") ||
       !check.require(dweight_dtype >= kBF16 && dweight_dtype <= kF32, "dweight dtype code must be 0, 1 or 2") ||
@@ -194,20 +192,20 @@ inline int backward_entry(const ProgramShape& shape, const Launchers& launch, co
     p.dgate = args.ptr<void>(8);
     p.partials = want_dweight ? args.ptr<float>(9) : nullptr;
     p.rows = rows;
-    p.rows_per_cta = rows_per_cta;
+    p.rows_per_cta = partition.rows_per_cta;
     p.cols = static_cast<int32_t>(cols);
     p.cols_padded = padded;
     p.weight_fp32 = static_cast<int32_t>(weight_fp32);
     p.weight_offset = weight_offset;
     p.inv_cols = 1.0f / static_cast<float>(cols);
-    const int status = launched(launch.backward(p, ctas, s), error, error_len, "backward launch");
+    const int status = launched(launch.backward(p, partition.ctas, s), error, error_len, "backward launch");
     if (status != kOk) return status;
   }
   if (!want_dweight) return kOk;
   DweightParams d{};
   d.partials = live ? args.ptr<const float>(9) : nullptr;
   d.dweight = args.ptr<void>(11);
-  d.chunks = live ? ctas : 0;
+  d.chunks = live ? partition.ctas : 0;
   d.cols = static_cast<int32_t>(cols);
   d.cols_padded = padded;
   d.out_dtype = static_cast<int32_t>(dweight_dtype);
@@ -222,7 +220,7 @@ inline int workspace_entry(const ProgramShape& shape, const Launchers& launch, c
   const int64_t rows = args.i64(0), cols = args.i64(1);
   if (!check_shape(check, shape, rows, cols) || !check.pointer(args, 2, "out", true, 8)) return check.status();
   const int width = static_cast<int>(cols);
-  *args.ptr<int64_t>(2) = workspace_bytes(launch.backward_ctas(rows, width), width);
+  *args.ptr<int64_t>(2) = workspace_bytes(launch.backward_partition(rows, width).ctas, width);
   return kOk;
 }
 

@@ -46,7 +46,7 @@
 // weight gradient is reduced in an order fixed by (rows, cols) and the program only: the grid
 // has one CTA per band of rows_per_cta rows (rows_per_cta from the row count and the bands
 // backward_bands gives D), or with Config::kBackwardGuided half as many per region
-// (backward_ctas), and CTA b owns either the rows [b * rows_per_cta, (b + 1) * rows_per_cta), or
+// (backward_partition), and CTA b owns either the rows [b * rows_per_cta, (b + 1) * rows_per_cta), or
 // (Config::kBackwardInterleave) every ctas-th step of `groups` rows from step b, or every
 // wave-th step of its region (BackwardSpan); its row groups take those rows round-robin and
 // accumulate in row order (WeightGrad); the groups are summed in group order through shared
@@ -1712,21 +1712,22 @@ inline int64_t backward_bands(int cols, int ept, int min_blocks) {
 }
 
 // The backward's row partition, fixed by (rows, cols) and the program alone: at most `bands`
-// (backward_bands) bands of at least kMinRowsPerCta rows.
+// (backward_bands) bands of at least kMinRowsPerCta rows, and its CTAs (weight-gradient partial
+// rows): one a band, or (Cfg::kBackwardGuided) a wave of half as many for each region
+// (BackwardSpan).
 constexpr int64_t kMinRowsPerCta = 16;
 
-inline int64_t backward_rows_per_cta(int64_t rows, int64_t bands) {
-  const int64_t even = (rows + bands - 1) / bands;
-  return even > kMinRowsPerCta ? even : kMinRowsPerCta;
-}
+struct BackwardPartition {
+  int64_t rows_per_cta;
+  int64_t ctas;
+};
 
-// The backward's CTAs (weight-gradient partial rows): one a band, or (Cfg::kBackwardGuided) a
-// wave of half as many for each region (BackwardSpan).
 template <class Cfg>
-inline int64_t backward_ctas(int64_t rows, int64_t bands) {
-  const int64_t per = backward_rows_per_cta(rows, bands);
+inline BackwardPartition backward_partition(int64_t rows, int64_t bands) {
+  const int64_t even = (rows + bands - 1) / bands;
+  const int64_t per = even > kMinRowsPerCta ? even : kMinRowsPerCta;
   const int64_t count = (rows + per - 1) / per;
-  return Cfg::kBackwardGuided > 0 ? (count + 1) / 2 * (Cfg::kBackwardGuided + 1) : count;
+  return {per, Cfg::kBackwardGuided > 0 ? (count + 1) / 2 * (Cfg::kBackwardGuided + 1) : count};
 }
 
 inline int padded_cols(int cols) { return (cols + 3) / 4 * 4; }

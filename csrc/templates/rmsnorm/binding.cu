@@ -16,8 +16,7 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream);
 cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream);
-int64_t cake_library_backward_rows_per_cta(int64_t rows, int cols);
-int64_t cake_library_backward_ctas(int64_t rows, int cols);
+cake::rmsnorm::BackwardPartition cake_library_backward_partition(int64_t rows, int cols);
 
 namespace {
 
@@ -25,7 +24,7 @@ constexpr int kElemBytes = CAKE_DTYPE == 2 ? 4 : 2;
 constexpr cake::rmsnorm::ProgramShape kShape{kElemBytes, CAKE_VECTOR ? 16 / kElemBytes : 1, CAKE_GATED != 0};
 constexpr cake::rmsnorm::Launchers kLaunchers{cake_library_launch_forward, cake_library_launch_backward,
                                               cake_library_launch_dweight,
-                                              cake_library_backward_rows_per_cta, cake_library_backward_ctas};
+                                              cake_library_backward_partition};
 
 }  // namespace
 

@@ -154,10 +154,6 @@ cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, c
   return cake::rmsnorm::launch_dweight(kernel_cake_library_dweight, p, stream);
 }
 
-int64_t cake_library_backward_rows_per_cta(int64_t rows, int cols) {
-  return cake::rmsnorm::backward_rows_per_cta(rows, bands_at(cols));
-}
-
-int64_t cake_library_backward_ctas(int64_t rows, int cols) {
-  return cake::rmsnorm::backward_ctas<Config>(rows, bands_at(cols));
+cake::rmsnorm::BackwardPartition cake_library_backward_partition(int64_t rows, int cols) {
+  return cake::rmsnorm::backward_partition<Config>(rows, bands_at(cols));
 }
