@@ -13,8 +13,8 @@ Run in two checkouts (e.g. main in ``.baseline``) and ``diff`` the files: a kern
 claims to keep the math must leave every line identical. The grid: both families; bf16, fp16,
 fp32; every D band and fixed-width instance of the GPU tests; plain and residual/offset/fp32
 weight options; 67 rows (19 above D = 8192) and 4097 rows (several backward bands); then, in
-bf16, 20000 rows at two widths: past 16 rows a band at either family's band count, so a change
-of the band count (which sets the backward's rows a CTA there) shows.
+bf16, 20000 rows at D = 1024, 4096, 4608 and 5120: past 16 rows a band at either family's band
+count, so a change of the band count (which sets the backward's rows a CTA there) shows.
 """
 
 from __future__ import annotations
@@ -30,16 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from launch_model import MIN_ROWS_PER_BAND  # noqa: E402
-from rmsnorm_families import DIMS, DTYPES, FAMILIES  # noqa: E402
+from rmsnorm_families import DTYPES, EARLIER_DIMS, FAMILIES, LATER_DIMS  # noqa: E402
 
 
 # Rows past the fewest a band takes at every family's band count, where the bands set the rows
 # a backward CTA takes (fixed, so that two revisions digest the same cases; main() checks it).
 BAND_ROWS = 20000
-BAND_DIMS = (1024, 4096)
-# Widths added since, digested after every case above so that those keep their seeds: D = 5120,
-# where RMSNorm's 16-bit backward has more bands than at 4096 (792).
-LATER_BAND_DIMS = (5120,)
 
 
 def case_digest(family, rows, cols, dtype, options: bool, seed: int) -> str:
@@ -74,16 +70,23 @@ def tensors_digest(tensors) -> str:
 
 def cases():
     """(name, family, rows, cols, dtype, options) of every case, in order (its index + 1 is its
-    seed)."""
+    seed). Cases added later come after every earlier one, so that those keep their seeds."""
+    yield from row_cases(EARLIER_DIMS)
+    yield from band_cases((1024, 4096))
+    yield from band_cases((5120,))  # RMSNorm's 16-bit backward: 792 bands
+    yield from row_cases(LATER_DIMS)
+    yield from band_cases((4608,))  # fixed 288-thread rows, 792 bands
+
+
+def row_cases(dims):
+    """Each family's cases of 67 (19 above D = 8192) and 4097 rows at the widths ``dims``."""
     for family in FAMILIES:
         for dtype in DTYPES:
-            for cols in DIMS:
+            for cols in dims:
                 for rows in (67 if cols <= 8192 else 19, 4097):
                     for options in (False, True):
                         yield (f"{family.name} {str(dtype)[6:]} {rows}x{cols} options={options}",
                                family, rows, cols, dtype, options)
-    for dims in (BAND_DIMS, LATER_BAND_DIMS):
-        yield from band_cases(dims)
 
 
 def band_cases(dims):

@@ -26,8 +26,15 @@ from cake.cake_rmsnorm_det_train import reference as plain_ref
 # threads, and 192, 320, 384, 448 in both directions) full (1024 .. 8192, 16384) and with their last
 # lanes idle (1000, 1600, 2600, 3840, 4616, 6664, 7744: 63, 100, 163, 240, 289, 417 and 484
 # threads of work at 16 elements a thread).
-DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 3584, 3592, 3840, 4096, 4104,
-        4616, 5120, 6144, 6664, 7168, 7744, 8192, 8199, 8200, 16384]
+EARLIER_DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 3584, 3592, 3840, 4096,
+                4104, 4616, 5120, 6144, 6664, 7168, 7744, 8192, 8199, 8200, 16384]
+# The rows of the other multiples of 32 threads (96, 160, 224, 288, 352, 416, 480 at 16 elements
+# a thread; fixed-width instances since CAKE_*_COMMON_WIDTHS 2), full (1536, 2560, 4608, 5632,
+# 6656, 7680; 3584 above) and with their last lanes idle (1096, 3080, 5128, 6152, 7176: 69, 193,
+# 321, 385 and 449 threads of work; 2056 and 4104 above). output_digest.py digests them after
+# every earlier case, so that those keep their seeds.
+LATER_DIMS = [1096, 1536, 2560, 3080, 4608, 5128, 5632, 6152, 6656, 7176, 7680]
+DIMS = sorted(EARLIER_DIMS + LATER_DIMS)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 REPO = Path(__file__).resolve().parents[2]

@@ -54,6 +54,11 @@ def main() -> int:
         run(family, 21, 4616)                                      # fixed 320, lanes idle
         run(family, 23, 7168, residual=True)                       # fixed 448
         run(family, 29, 3072, residual=True)                       # fixed 192: 2 backward groups
+        run(family, 31, 1536, residual=True)                       # fixed 96: 5 backward groups
+        run(family, 27, 2560, dtype=torch.float16)                 # fixed 160: 3 backward groups
+        run(family, 25, 3584, weight_fp32=True)                    # fixed 224
+        run(family, 15, 4608, residual=True)                       # fixed 288
+        run(family, 13, 7176)                                      # fixed 480, lanes idle
         run(family, 19, 3000, residual=True)                       # one-row forward, any width
         run(family, 300, 4096, dtype=torch.float16)                # one-row forward, 300 CTAs
         run(family, 40, 8192, residual=True)                       # gated: one-row, 512 a row

@@ -66,6 +66,11 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # width at run time: in two H200 tunes of 2026-12-03 the backward 1.08-1.14x at those D (87-94%
 # of copy, from 77-85%), the gated backward 1.06-1.34x (tools/bench/results/2026-12-03-h200-
 # rmsnorm-backward-common-widths-tune{1,2}.json); the forwards' since that day's A/B (below).
+# Value 2 fixes the rows of every multiple of 32 threads (96, 160, 224, 288, 352, 416, 480: D =
+# 1536, 2560, 3584, 4608, ... at 16 elements a thread) too: in one H200 tune of 2026-12-03
+# against value 1 (tools/bench/results/2026-12-03-h200-rmsnorm-common-widths-32-tune.json) at
+# D = 1536, 2560, 3584, 4608, RMSNorm's forward 1.05-1.16x, its backward 1.08-1.13x, the gated
+# forward 1.07-1.25x and the gated backward 1.04-1.43x; D = 2048 and 4096 level.
 # The backward's bands are for its 512-thread CTAs, two an SM; where a row of 288 or 320 threads
 # takes a CTA of its own (D = 4097 .. 5120), three fit an SM under the 64-register bound, and the
 # bands grow to 792 (backward_bands in csrc/include/cake/rmsnorm_common.cuh): 1.05-1.06x at
@@ -74,7 +79,7 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # an SM) and the fp32 and scalar programs (a 1-CTA bound) keep theirs.
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
-          "CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1,
+          "CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2,
           "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,
@@ -124,13 +129,13 @@ ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
 # since gone).
 GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
 # RMSNorm's one-row forward above D = 4096 at 32 registers (4 CTAs' bound: four 512-thread rows
-# an SM; its band has fixed-width rows of 320 to 512 threads only, narrower ones spill at 32): at D =
+# an SM; its band has rows of 288 to 512 threads only, narrower ones spill at 32): at D =
 # 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4
 # at 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The
 # rows of 320, 384 and 448 threads (D = 4609 .. 5120, 5633 .. 6144, 6657 .. 7168) fixed rather
 # than run-time: 1.26-1.27x at D = 5120 and 7168, 1.03x at 6144 in an H200 A/B
-# (2026-12-03-h200-rmsnorm-common-widths-ab.txt); rows of 288, 352, 416 and 480 threads keep the
-# run-time instance.
+# (2026-12-03-h200-rmsnorm-common-widths-ab.txt); the rows of 288 threads (D = 4097 .. 4608) too,
+# with the other odd multiples of 32 (TUNING's CAKE_FORWARD_COMMON_WIDTHS 2): 1.16x at D = 4608.
 ONE_ROW_WIDE_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4}
 # Where its rows are exactly 256 threads (D = 3585 .. 4096, the fixed-width instance), two a
 # 512-thread CTA (at 40 registers still six rows an SM): 0.4-0.6 points of copy over one a CTA
