@@ -23,7 +23,7 @@
 #include "cake/rmsnorm_common.cuh"
 
 // cake:params
-#define CAKE_DTYPE 1
+#define CAKE_DTYPE 0
 #define CAKE_VECTOR 1
 #define CAKE_GATED 0
 #define CAKE_FORWARD_STAGES 0
@@ -34,7 +34,7 @@
 #define CAKE_FORWARD_COMMON_WIDTHS 2
 #define CAKE_BACKWARD_COMMON_WIDTHS 2
 #define CAKE_COLS_MIN 1
-#define CAKE_COLS_MAX 4096
+#define CAKE_COLS_MAX 2048
 #define CAKE_FORWARD_CTA_THREADS 128
 #define CAKE_BACKWARD_CTA_THREADS 512
 #define CAKE_L2_PREFETCH 0
@@ -115,46 +115,46 @@ int64_t bands_at(int cols) {
 
 template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kForwardMinBlocks<kEpt, kTpr>)
-kernel_cake_rmsnorm_det_train_f66aa374671ebdcdf173_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
+kernel_cake_rmsnorm_det_train_423c48778105ee1eafc1_forward(const __grid_constant__ cake::rmsnorm::ForwardParams p) {
   cake::rmsnorm::forward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 template <int kEpt, int kTpr>
 __global__ void __launch_bounds__(cake::rmsnorm::kMaxCtaThreads, kBackwardMinBlocks<kEpt>)
-kernel_cake_rmsnorm_det_train_f66aa374671ebdcdf173_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
+kernel_cake_rmsnorm_det_train_423c48778105ee1eafc1_backward(const __grid_constant__ cake::rmsnorm::BackwardParams p) {
   cake::rmsnorm::backward<Elem, kAligned, kEpt, kTpr, kGated, Config>(p);
 }
 
 __global__ void __launch_bounds__(cake::rmsnorm::kColLanes * cake::rmsnorm::kColSegments)
-kernel_cake_rmsnorm_det_train_f66aa374671ebdcdf173_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
+kernel_cake_rmsnorm_det_train_423c48778105ee1eafc1_dweight(const __grid_constant__ cake::rmsnorm::DweightParams p) {
   cake::rmsnorm::reduce_dweight(p);
 }
 
-cudaError_t cake_rmsnorm_det_train_f66aa374671ebdcdf173_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
+cudaError_t cake_rmsnorm_det_train_423c48778105ee1eafc1_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
   constexpr int kMaxRow = Config::kForwardMaxRowThreads;
   constexpr int kCommonWidths = Config::kForwardCommonWidths;
   return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
-                                         kernel_cake_rmsnorm_det_train_f66aa374671ebdcdf173_forward<I::ept, I::tpr>>(p, stream);
+                                         kernel_cake_rmsnorm_det_train_423c48778105ee1eafc1_forward<I::ept, I::tpr>>(p, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_f66aa374671ebdcdf173_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
+cudaError_t cake_rmsnorm_det_train_423c48778105ee1eafc1_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
   constexpr int kMaxRow = Config::kBackwardMaxRowThreads;
   constexpr int kCommonWidths = Config::kBackwardCommonWidths;
   return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
-                                          kernel_cake_rmsnorm_det_train_f66aa374671ebdcdf173_backward<I::ept, I::tpr>>(p, ctas, stream);
+                                          kernel_cake_rmsnorm_det_train_423c48778105ee1eafc1_backward<I::ept, I::tpr>>(p, ctas, stream);
   });
 }
 
-cudaError_t cake_rmsnorm_det_train_f66aa374671ebdcdf173_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
-  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_f66aa374671ebdcdf173_dweight, p, stream);
+cudaError_t cake_rmsnorm_det_train_423c48778105ee1eafc1_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream) {
+  return cake::rmsnorm::launch_dweight(kernel_cake_rmsnorm_det_train_423c48778105ee1eafc1_dweight, p, stream);
 }
 
-cake::rmsnorm::BackwardPartition cake_rmsnorm_det_train_f66aa374671ebdcdf173_backward_partition(int64_t rows, int cols) {
+cake::rmsnorm::BackwardPartition cake_rmsnorm_det_train_423c48778105ee1eafc1_backward_partition(int64_t rows, int cols) {
   return cake::rmsnorm::backward_partition<Config>(rows, bands_at(cols));
 }
