@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from launch_model import MIN_ROWS_PER_BAND  # noqa: E402
-from rmsnorm_families import DTYPES, EARLIER_DIMS, FAMILIES, LATER_DIMS  # noqa: E402
+from rmsnorm_families import DTYPES, EARLIER_DIMS, FAMILIES, LATER_DIMS, case_rows  # noqa: E402
 
 
 # Rows past the fewest a band takes at every family's band count, where the bands set the rows
@@ -75,7 +75,7 @@ def cases():
     yield from band_cases((1024, 4096))
     yield from band_cases((5120,))  # RMSNorm's 16-bit backward: 792 bands
     yield from row_cases(LATER_DIMS)
-    yield from band_cases((4608,))  # fixed 288-thread rows, 792 bands
+    yield from band_cases((4608,))  # fixed 288-thread rows; RMSNorm's 16-bit backward: 792 bands
 
 
 def row_cases(dims):
@@ -83,7 +83,7 @@ def row_cases(dims):
     for family in FAMILIES:
         for dtype in DTYPES:
             for cols in dims:
-                for rows in (67 if cols <= 8192 else 19, 4097):
+                for rows in (case_rows(cols), 4097):
                     for options in (False, True):
                         yield (f"{family.name} {str(dtype)[6:]} {rows}x{cols} options={options}",
                                family, rows, cols, dtype, options)

@@ -34,7 +34,13 @@ EARLIER_DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 35
 # 321, 385 and 449 threads of work; 2056 and 4104 above). output_digest.py digests them after
 # every earlier case, so that those keep their seeds.
 LATER_DIMS = [1096, 1536, 2560, 3080, 4608, 5128, 5632, 6152, 6656, 7176, 7680]
+assert not set(EARLIER_DIMS) & set(LATER_DIMS), "a width in both lists would repeat its cases"
 DIMS = sorted(EARLIER_DIMS + LATER_DIMS)
+
+
+def case_rows(cols: int) -> int:
+    """The rows of the GPU tests' and the digest's short cases at D = cols (fewer above 8192)."""
+    return 67 if cols <= 8192 else 19
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 REPO = Path(__file__).resolve().parents[2]

@@ -59,7 +59,7 @@ def main() -> int:
         run(family, 25, 3584, weight_fp32=True)                    # fixed 224
         run(family, 15, 4608, residual=True)                       # fixed 288
         run(family, 13, 7176)                                      # fixed 480, lanes idle
-        run(family, 19, 3000, residual=True)                       # one-row forward, any width
+        run(family, 19, 3000, residual=True)                       # fixed 192, lanes idle
         run(family, 300, 4096, dtype=torch.float16)                # one-row forward, 300 CTAs
         run(family, 40, 8192, residual=True)                       # gated: one-row, 512 a row
         run(family, 9, 16384, residual=True, grad_weight=True)     # wide

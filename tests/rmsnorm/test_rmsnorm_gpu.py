@@ -29,7 +29,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rmsnorm_families import DIMS, DTYPES, FAMILIES  # noqa: E402
+from rmsnorm_families import DIMS, DTYPES, FAMILIES, case_rows  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ def _cases():
     for family in FAMILIES:
         for dtype in DTYPES:
             for cols in DIMS:
-                rows = 67 if cols <= 8192 else 19
+                rows = case_rows(cols)
                 yield pytest.param(
                     family, (rows, cols), dtype, dict(
                         weight_fp32=index % 2 == 1, residual=index % 3 == 0,

@@ -524,7 +524,8 @@ TUNE_VARIANTS = {
     "bwd_cta128_bands1056_stages3": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056,
                                      "CAKE_BACKWARD_STAGES": 3},
     # Fixed-width rows for every multiple of 32 threads below 512 (96, 160, 224, 288, ...: D = 1536,
-    # 2560, 3584, 4608 at 16 elements a thread), not only the multiples of 64.
+    # 2560, 3584, 4608 at 16 elements a thread; both tables since 2026-12-03, so common32 repeats
+    # them), or only the multiples of 64 (the tables before).
     "common32": {"CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2},
     "common64": {"CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1},
     "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
@@ -532,7 +533,7 @@ TUNE_VARIANTS = {
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
                     "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     # The forward's widest row group below 32 elements a thread (the table: 64 for RMSNorm's
-    # 16-bit vector programs above D = 2048, 512 below and for the gated ones, so fwd_row64 and
+    # 16-bit vector programs above D = 8192, 512 below and for the gated ones, so fwd_row64 and
     # fwd_row512 each repeat a table).
     "fwd_row512": {"CAKE_FORWARD_MAX_ROW_THREADS": 512},
     "fwd_row128": {"CAKE_FORWARD_MAX_ROW_THREADS": 128},
@@ -564,9 +565,9 @@ TUNE_VARIANTS = {
     # thread and 32 registers (4 CTAs' bound: full occupancy, FLA's); the backward then has
     # 8-element instances too.
     "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
-    # The one-row forward at 40 registers (RMSNorm's table up to D = 4096) at every D, in both
-    # families (the gated one spills at D = 2048 in it), and at 2 CTAs' register bound (64: the
-    # gated table up to D = 3584).
+    # The one-row forward at 40 registers (RMSNorm's table up to D = 2048 and at 3585 .. 4096)
+    # at every D, in both families (the gated one spills at D = 2048 in it), and at 2 CTAs'
+    # register bound (64: the gated table up to D = 3584).
     "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
     "one_row_mb2": dict(plain_table.GATED_ONE_ROW_NARROW_TUNING),
     # More bytes in flight an SM for RMSNorm's one-row forward at D = 8192 (a 512-thread row,
@@ -590,9 +591,9 @@ TUNE_VARIANTS = {
     # the table.
     "fwd_rows2_mb2": {"CAKE_FORWARD_CTA_ROWS": 2, "CAKE_FORWARD_MIN_BLOCKS": 2},
     # The backward's rows of 192, 320, 384 and 448 threads (D = 3072, 5120, 6144, 7168 at 16
-    # elements a thread) fixed (both tables since 2026-12-03, so bwd_common_widths repeats them
-    # and bwd_common_widths_bands792 is bands792), or run-time-width as before; with 792 bands,
-    # whole waves where 320-thread CTAs fit 3 an SM.
+    # elements a thread) fixed, but not the other multiples of 32 (the tables of the eighth and
+    # ninth sessions of 2026-12-03; common32 is the tables since), or run-time-width as before;
+    # with 792 bands, whole waves where 320-thread CTAs fit 3 an SM.
     "bwd_common_widths": {"CAKE_BACKWARD_COMMON_WIDTHS": 1},
     "bwd_runtime_widths": {"CAKE_BACKWARD_COMMON_WIDTHS": 0},
     "bwd_common_widths_bands792": {"CAKE_BACKWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_BANDS": 792},

@@ -116,8 +116,9 @@ WIDE_FORWARD_TUNING = {"CAKE_FORWARD_MAX_ROW_THREADS": 64}
 # D = 4096, 8192 (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-forward-candidate-tune.json);
 # with the default cache policy (-cache-hints-tune.json, -plain-loads-bands-tune.json) it gains
 # 3.4..5 points over the ring at D = 4096, but is level to 1.2 behind it at D = 8192. Its rows of
-# 192 threads (D = 2561 .. 3072) have a fixed-width instance of their own: 1.06x the run-time one
-# at D = 3072 (tools/bench/results/2026-12-03-h200-rmsnorm-common-widths-ab.txt).
+# 192 threads (D = 2561 .. 3072) fixed rather than run-time: 1.06x at D = 3072 at 40 registers
+# (tools/bench/results/2026-12-03-h200-rmsnorm-common-widths-ab.txt), before the 32-register band
+# below took them.
 ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
                           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_FORWARD_CTA_THREADS": 128,
                           "CAKE_FORWARD_CTA_ROWS": 1, "CAKE_FORWARD_MIN_BLOCKS": 3}
