@@ -36,14 +36,15 @@ EARLIER_DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 35
 LATER_DIMS = [1096, 1536, 2560, 3080, 4608, 5128, 5632, 6152, 6656, 7176, 7680]
 assert not set(EARLIER_DIMS) & set(LATER_DIMS), "a width in both lists would repeat its cases"
 DIMS = sorted(EARLIER_DIMS + LATER_DIMS)
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def case_rows(cols: int) -> int:
     """The rows of the GPU tests' and the digest's short cases at D = cols (fewer above 8192)."""
     return 67 if cols <= 8192 else 19
-DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
-REPO = Path(__file__).resolve().parents[2]
 
 @functools.lru_cache(maxsize=None)
 def family_module(name: str):
