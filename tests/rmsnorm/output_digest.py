@@ -14,7 +14,8 @@ claims to keep the math must leave every line identical. The grid: both families
 fp32; every D band and fixed-width instance of the GPU tests; plain and residual/offset/fp32
 weight options; 67 rows (19 above D = 8192) and 4097 rows (several backward bands); then, in
 bf16, 20000 rows at D = 1024, 4096, 4608 and 5120: past 16 rows a band at either family's band
-count, so a change of the band count (which sets the backward's rows a CTA there) shows.
+count, so a change of the band count (which sets the backward's rows a CTA there) shows. Each
+group of widths added later comes after the cases before it (``cases``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from launch_model import MIN_ROWS_PER_BAND  # noqa: E402
-from rmsnorm_families import DTYPES, EARLIER_DIMS, FAMILIES, LATER_DIMS, case_rows  # noqa: E402
+from rmsnorm_families import DTYPES, EARLIER_DIMS, FAMILIES, LATER_DIMS, WIDEST_DIMS, case_rows  # noqa: E402
 
 
 # Rows past the fewest a band takes at every family's band count, where the bands set the rows
@@ -76,6 +77,7 @@ def cases():
     yield from band_cases((5120,))  # RMSNorm's 16-bit backward: 792 bands
     yield from row_cases(LATER_DIMS)
     yield from band_cases((4608,))  # fixed 288-thread rows; RMSNorm's 16-bit backward: 792 bands
+    yield from row_cases(WIDEST_DIMS)
 
 
 def row_cases(dims):

@@ -34,8 +34,13 @@ EARLIER_DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 35
 # 321, 385 and 449 threads of work; 2056 and 4104 above). output_digest.py digests them after
 # every earlier case, so that those keep their seeds.
 LATER_DIMS = [1096, 1536, 2560, 3080, 4608, 5128, 5632, 6152, 6656, 7176, 7680]
-assert not set(EARLIER_DIMS) & set(LATER_DIMS), "a width in both lists would repeat its cases"
-DIMS = sorted(EARLIER_DIMS + LATER_DIMS)
+# A fixed-width row at 32 elements a thread full (384 threads; 8200 above has its last lanes
+# idle): the widest instances fix the common widths too since the eleventh session of
+# 2026-12-03. The digest takes its cases last.
+WIDEST_DIMS = [12288]
+assert len(set(EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS)) == len(EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS), \
+    "a width in two lists would repeat its cases"
+DIMS = sorted(EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 REPO = Path(__file__).resolve().parents[2]

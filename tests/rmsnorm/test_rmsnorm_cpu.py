@@ -98,10 +98,11 @@ def test_family_tables(name):
     manifest = MANIFESTS[name]
     gated = name.startswith("cake_gated")
     # The 16-bit vector programs come in D bands with different forwards: RMSNorm's split at
-    # D = 2048, 3584, 4096 and 8192, the gated family's at 3584, 4096 and 8192.
+    # D = 2048, 3584, 4096, 6144, 7168 and 8192, the gated family's at 3584, 4096 and 8192.
     split = (("bfloat16", "vector"), ("float16", "vector"))
     split_routes = ([(1, 3584), (3585, 4096), (4097, 8192), (8193, 16384)] if gated
-                    else [(1, 2048), (2049, 3584), (3585, 4096), (4097, 8192), (8193, 16384)])
+                    else [(1, 2048), (2049, 3584), (3585, 4096), (4097, 6144), (6145, 7168), (7169, 8192),
+                          (8193, 16384)])
     assert family.name == name
     assert len(family.specs) == len(manifest.programs) == 4 + len(split) * len(split_routes)
     assert all(s.params["CAKE_GATED"] == int(gated) for s in family.specs)

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_model import MAX_EPT, elems_per_thread, threads_per_row
+from launch_model import elems_per_thread, threads_per_row
 
 from cake.core import jit
 from cake.core import manifest as mf
@@ -57,8 +57,8 @@ def reports(tmp_path_factory):
 def test_kernels_do_not_spill(reports, name, program):
     found = _REPORT_RE.findall(reports[program.library])
     kernels = {entry for entry, *_ in found}
-    # forward and backward of at least two D bands (16 and 32 elements a thread), and dweight
-    assert len(found) >= 5 and len(kernels) == len(found), reports[program.library]
+    # at least a forward, a backward and dweight
+    assert len(found) >= 3 and len(kernels) == len(found), reports[program.library]
     assert all(kernel.split("kernel_")[1].startswith(program.library) for kernel in kernels)
     spilled = [(entry, sizes) for entry, *sizes in found if sizes != ["0", "0", "0"]]
     assert not spilled, f"{program.library}: stack/spill bytes {spilled}"
@@ -70,33 +70,31 @@ _PARAM_RE = re.compile(r"^#define (CAKE_\w+) (-?\d+)$", re.MULTILINE)
 
 def _expected_instances(params: dict) -> set:
     """(direction, elements a thread, fixed row width or 0) of every kernel instance the
-    program's table calls for: each D band's run-time-width instance and, on the vector route,
-    the row widths of 64, 128, 256 and 512 threads (with the direction's CAKE_*_COMMON_WIDTHS,
-    below 32 elements a thread, the other multiples of 64 (1) or of 32 (2) too) that some D of the program's route
-    (CAKE_COLS_MIN .. CAKE_COLS_MAX) runs, found by trying every D."""
+    program's table calls for: the instance that serves each D of the program's route
+    (CAKE_COLS_MIN .. CAKE_COLS_MAX) in each direction. On the vector route that is the fixed
+    width of its row group where the row group has one (64, 128, 256 or 512 threads; with the
+    direction's CAKE_*_COMMON_WIDTHS the other multiples of 64 (1) or of 32 (2) too), else, and
+    on the scalar route, the run-time-width instance (0)."""
     min_ept = params["CAKE_MIN_ELEMS_PER_THREAD"]
-    epts = [e for e in (8, 16, 32) if e >= min_ept]
     expected = set()
     for direction in ("forward", "backward"):
         max_row = params[f"CAKE_{direction.upper()}_MAX_ROW_THREADS"]
-        expected |= {(direction, ept, 0) for ept in epts}
-        if not params["CAKE_VECTOR"]:
-            continue
+        step = {1: 64, 2: 32}.get(params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"])
         for cols in range(params["CAKE_COLS_MIN"], params["CAKE_COLS_MAX"] + 1):
             ept = elems_per_thread(cols, min_ept, max_row)
             tpr = threads_per_row(cols, ept)
-            step = {1: 64, 2: 32}.get(params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"]) if ept < MAX_EPT else None
-            if tpr in (64, 128, 256, 512) or (step and tpr >= 64 and tpr % step == 0):
-                expected.add((direction, ept, tpr))
+            fixed = params["CAKE_VECTOR"] and tpr >= 64 and (tpr & (tpr - 1) == 0 or (step and tpr % step == 0))
+            expected.add((direction, ept, tpr if fixed else 0))
     return expected
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name,program", list(_programs()))
 def test_fixed_width_instances_follow_the_table(reports, name, program):
-    """Every row width that some D of the program's band runs is compiled with that width fixed,
-    and no other (e.g. RMSNorm's 16-bit vector programs above D = 8192 compile only the
-    32-element, 512-thread one: D = 15361 .. 16384)."""
+    """The program compiles the instances that serve the D of its band and no other: every row
+    width that some D runs with that width fixed, and a run-time-width instance only for the
+    elements a thread where some D has no fixed width (e.g. RMSNorm's 16-bit vector program at
+    D = 6145 .. 7168 compiles one forward, 32 elements a thread in 224-thread rows)."""
     found = {(direction, int(ept), int(tpr))
              for entry, *_ in _REPORT_RE.findall(reports[program.library])
              for direction, ept, tpr in _INSTANCE_RE.findall(entry)}

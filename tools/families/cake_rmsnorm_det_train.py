@@ -8,9 +8,9 @@ dtype, the residual (prenorm) form and the D band of the kernel instances (8 (op
 32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
 .. 16384, except the 16-bit vector ones, whose forward differs by D band (router bands,
-``bands``: D <= 2048, <= 3584, <= 4096, <= 8192 and above here, D <= 3584, <= 4096, <= 8192
-and above in the gated family). 3 dtypes x 2 loads = 6 variants; 14 programs here, 12 in the
-gated family.
+``bands``: D <= 2048, <= 3584, <= 4096, <= 6144, <= 7168, <= 8192 and above here, D <= 3584,
+<= 4096, <= 8192 and above in the gated family). 3 dtypes x 2 loads = 6 variants; 18 programs
+here, 12 in the gated family.
 The templates are shared with
 ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 
@@ -72,6 +72,12 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # against value 1 (tools/bench/results/2026-12-03-h200-rmsnorm-common-widths-32-tune.json) at
 # D = 1536, 2560, 3584, 4608, RMSNorm's forward 1.05-1.16x, its backward 1.08-1.13x, the gated
 # forward 1.07-1.25x and the gated backward 1.04-1.43x; D = 2048 and 4096 level.
+# The widest instances (32 elements a thread: D > 8192, and RMSNorm's forward at 6145 .. 7168) fix
+# those widths too since 2026-12-03: against their run-time rows (RMSNorm's backward read 37-42% of
+# copy in them) in an H200 A/B at D = 10240, 12288 and 14336, RMSNorm's backward 1.63-1.84x, its
+# forward 0.998-1.044x, the gated forward 1.03-1.08x and the gated backward 1.04-1.06x; D = 16384
+# (512-thread rows, fixed before) level (tools/bench/results/2026-12-03-h200-rmsnorm-
+# forward-32-elements-ab.json).
 # The backward's bands are for its 512-thread CTAs, two an SM; where a row of 288 or 320 threads
 # takes a CTA of its own (D = 4097 .. 5120), three fit an SM under the 64-register bound, and the
 # bands grow to 792 (backward_bands in csrc/include/cake/rmsnorm_common.cuh): 1.05-1.06x at
@@ -130,19 +136,28 @@ ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
 # +4.3..5.7 points over the ring at D = 8192 (the H200 tunes above had 20 bytes spilled there,
 # since gone).
 GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
-# RMSNorm's one-row forward at 32 registers (4 CTAs' bound: four 512-thread rows an SM), above
-# D = 4096 and at D = 2049 .. 3584: its bands have rows of 160 to 224 and 288 to 512 threads only
-# (the 128-thread rows spill at 32, the 256-thread ones measured 2% slower than at 40). At D =
-# 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4
-# at 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The
-# rows of 320, 384 and 448 threads (D = 4609 .. 5120, 5633 .. 6144, 6657 .. 7168) fixed rather
-# than run-time: 1.26-1.27x at D = 5120 and 7168, 1.03x at 6144 in an H200 A/B
-# (2026-12-03-h200-rmsnorm-common-widths-ab.txt); the rows of 288 threads (D = 4097 .. 4608) too,
-# with the other odd multiples of 32 (TUNING's CAKE_FORWARD_COMMON_WIDTHS 2): 1.16x at D = 4608.
-# At D = 3584 nine rows of 224 threads fit an SM instead of seven at 40 registers: 1.057-1.068x
-# (96.8-99.3% of copy), 1.009-1.013x at 2560 and 1.008-1.012x at 3072, in two H200 tunes of
-# 2026-12-03 (tools/bench/results/2026-12-03-h200-rmsnorm-forward-32-registers-tune{1,2}.json).
+# RMSNorm's one-row forward at 32 registers (4 CTAs' bound: four 512-thread rows an SM), at
+# D = 2049 .. 3584, 4097 .. 6144 and 7169 .. 8192: its bands have rows of 160 to 224 and 288 to 512
+# threads only (the 128-thread rows spill at 32, the 256-thread ones measured 2% slower than at 40).
+# At D = 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 /
+# 93.4 at 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The
+# rows of 320, 384 and 448 threads (D = 4609 .. 5120, 5633 .. 6144, 6657 .. 7168) fixed rather than
+# run-time: 1.26-1.27x at D = 5120 and 7168 (7168 since served by the band below), 1.03x at 6144 in
+# an H200 A/B (2026-12-03-h200-rmsnorm-common-widths-ab.txt); the rows of 288 threads
+# (D = 4097 .. 4608) too, with the other odd multiples of 32 (TUNING's CAKE_FORWARD_COMMON_WIDTHS
+# 2): 1.16x at D = 4608. At D = 3584 nine rows of 224 threads fit an SM instead of seven at 40
+# registers: 1.057-1.068x (96.8-99.3% of copy), 1.009-1.013x at 2560 and 1.008-1.012x at 3072, in
+# two H200 tunes of 2026-12-03
+# (tools/bench/results/2026-12-03-h200-rmsnorm-forward-32-registers-tune{1,2}.json).
 ONE_ROW_32_REGISTER_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4}
+# Where its rows take 385 to 448 threads (D = 6145 .. 7168: DeepSeek-V3's 7168), 4 fit an SM
+# (the threads' limit); at 32 elements a thread in fixed 224-thread rows (48 registers) 6 do:
+# 1.046-1.061x at D = 6400 and 6656 (97.6-99.1% of copy) and 1.031-1.033x at 7168 (97.7-98.9%)
+# in two H200 tunes of 2026-12-03 (tools/bench/results/2026-12-03-h200-rmsnorm-forward-32-
+# elements-tune1.json and -checks.txt), 0.2-1.0% ahead of the same rows at 40 registers (7 an
+# SM); at D = 5120, 6144 and 8192 the rows of 32 elements trailed the table's by 0.7-1.6%.
+ONE_ROW_32_ELEMENT_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
+                                     "CAKE_FORWARD_MIN_BLOCKS": 2}
 # Where its rows are exactly 256 threads (D = 3585 .. 4096, the fixed-width instance), two a
 # 512-thread CTA (at 40 registers still six rows an SM): 0.4-0.6 points of copy over one a CTA
 # at D = 3840 and 4096 in H200 tunes (tools/bench/results/2026-12-03-h200-rmsnorm-gated-paired-
@@ -154,7 +169,8 @@ GATED_ONE_ROW_PAIRED_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_CTA_THREA
 # Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
 # shape up to D = 8192, the ring above (the gated family's with the table's knobs).
 FORWARD_BANDS = {False: ((2048, ONE_ROW_FORWARD_TUNING), (3584, ONE_ROW_32_REGISTER_FORWARD_TUNING),
-                         (4096, ONE_ROW_FORWARD_TUNING), (8192, ONE_ROW_32_REGISTER_FORWARD_TUNING),
+                         (4096, ONE_ROW_FORWARD_TUNING), (6144, ONE_ROW_32_REGISTER_FORWARD_TUNING),
+                         (7168, ONE_ROW_32_ELEMENT_FORWARD_TUNING), (8192, ONE_ROW_32_REGISTER_FORWARD_TUNING),
                          (16384, WIDE_FORWARD_TUNING)),
                  True: ((3584, GATED_ONE_ROW_NARROW_TUNING), (4096, GATED_ONE_ROW_PAIRED_TUNING),
                         (8192, ONE_ROW_FORWARD_TUNING), (16384, {}))}

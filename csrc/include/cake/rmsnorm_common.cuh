@@ -22,10 +22,11 @@
 // whose row group stays within the direction's widest); on the aligned route, the power-of-two
 // row groups of 64 to 512 threads that a direction reaches in the program's band of D (e.g.
 // D = 1024 .. 8192 at 16 elements a thread, 16384 at 32), and with the direction's
-// common-widths knob the multiples of 64 (or of 32) between them below 32 elements a thread (e.g.
-// D = 3072, 5120, 6144, 7168; 1536, 2560, 3584, 4608), also get instances with that width fixed
+// common-widths knob the multiples of 64 (or of 32) between them (e.g. D = 3072, 5120, 6144,
+// 7168; 1536, 2560, 3584, 4608 at 16 elements a thread), get instances with that width fixed
 // at compile time (Shape, with_instance), whose ring, row and column offsets are immediates:
-// the row loop then spends its instructions on the data. Fewer threads a row with more
+// the row loop then spends its instructions on the data. Only the instances that serve some D
+// of the program's band are compiled. Fewer threads a row with more
 // elements each spread a row step's fixed instructions (copies, sum, rstd, loop) over more data.
 //
 // Two ways to keep rows in flight (the kernels are bound by DRAM latency times bytes in flight):
@@ -34,11 +35,11 @@
 //   copies on the unaligned fp32 route; the unaligned 16-bit route copies synchronously and uses
 //   one slot), so stages - 1 rows are in flight while one is reduced, at no register cost (see
 //   Ring for who copies what, and the barriers of the unaligned route).
-// * registers (the direction's stages knob 0, narrow aligned instances only; other instances
-//   of such a program use a 2-slot ring): the next row is loaded into a second set of registers
-//   while the current one is reduced; weights are staged in shared memory. No shipped program
-//   uses it since the forward's CTA rows (the ring measured ahead, tools/families/
-//   cake_rmsnorm_det_train.py); `tools/bench/rmsnorm.py --tune` still sweeps it.
+// * registers (the direction's stages knob 0, aligned instances only, and in the backward not
+//   the widest; other instances of such a program use a 2-slot ring): the next row is loaded
+//   into a second set of registers while the current one is reduced. The one-row forwards
+//   (tools/families/cake_rmsnorm_det_train.py) take it with one row a CTA: the row in
+//   registers, nothing staged.
 // Both paths compute the same expressions in the same order, so for the same D band and
 // partition they give the same bits.
 //
@@ -57,6 +58,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -93,23 +95,24 @@ static_assert((kColSegments & (kColSegments - 1)) == 0, "the segment tree halves
 enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 
 // A program's tuning (the kernel template's knobs) arrives as a class with these members:
-//   kForwardStages       0 (registers path for the narrow aligned instances) or 1..kMaxStages
-//   kBackwardStages      the same for the backward
+//   kForwardStages       0 (registers path for the aligned instances) or 1..kMaxStages
+//   kBackwardStages      the same for the backward (the registers path below 32 elements a thread)
 //   kMinEpt              8 or 16: the narrowest instance compiled
 //   kForwardMaxRowThreads  32 to 512 (a power of two): the widest row group a forward instance
 //                        below kMaxEpt may use (fewer threads a row: more elements a thread)
 //   kBackwardMaxRowThreads the same for the backward
-//   kColsMin, kColsMax   the program's band of D (its route): fixed-width instances that
-//                        serve no D in it are not compiled (reachable_width)
-//   kForwardCommonWidths 0, 1 or 2: forward instances below kMaxEpt also fix the row groups of the
-//                        multiples of 64 between the powers of two (1), or of every multiple of
-//                        32 (2) (with_instance)
+//   kColsMin, kColsMax   the program's band of D (its route): instances that serve no D in it
+//                        are not compiled (reachable_width)
+//   kForwardCommonWidths 0, 1 or 2: forward instances also fix the row groups of the multiples
+//                        of 64 between the powers of two (1), or of every multiple of 32 (2)
+//                        (fixed_width)
 //   kBackwardCommonWidths  the same for the backward
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
 //   kL2Prefetch          0, 128 or 256: L2 prefetch size hint on the aligned loads and copies
-//   kForwardWeights      where forward instances below kMaxEpt read the weights from: 0 shared
-//                        memory, 1 registers, 2 global memory through L1 (weight_source)
+//   kForwardWeights      where forward instances read the weights from (but the widest staged
+//                        ones): 0 shared memory, 1 registers, 2 global memory through L1
+//                        (weight_source)
 //   kBackwardWeights     the same for the backward
 //   kForwardCtaRows      rows a forward CTA aims to take: 0 one wave of persistent CTAs (the
 //                        grid follows the occupancy); n > 0 about rows / n CTAs (at least one
@@ -503,29 +506,32 @@ struct Slice {
 };
 
 // Whether an instance takes the registers path (see the top of this file): only when the
-// program asks for it (stages 0 for the direction), and only the narrow aligned instances,
-// except gated fp32, where the second set of registers would spill.
+// program asks for it (stages 0 for the direction), only on the aligned route, and not in the
+// backward's widest instances (their weight-gradient sums already take 32 registers) or gated
+// fp32 (the second set of registers would spill).
 template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, bool kBackward>
 __host__ __device__ constexpr bool uses_registers() {
-  return (kBackward ? Cfg::kBackwardStages : Cfg::kForwardStages) == 0 && kAligned && kEpt <= 16 &&
-         !(kGated && sizeof(T) == 4);
+  return (kBackward ? Cfg::kBackwardStages : Cfg::kForwardStages) == 0 && kAligned &&
+         (kEpt < kMaxEpt || !kBackward) && !(kGated && sizeof(T) == 4);
 }
 
 // Where an instance reads weight + weight_offset (fp32, 0 past cols) from: shared memory (staged
-// once a CTA), registers (loaded once a thread: only below kMaxEpt, whose weight-gradient sums
-// already take 32 registers), or global memory through L1 at every use (leaves the shared
-// memory to the ring, and spares a CTA of one row the staging). The widest fp32 instances
-// always read through L1: at D = 16384 their ring (with the plain backward's weight-gradient
-// sums) takes 192-194 KiB, no room for 64 KiB of weights. The backward's registers path stages
-// them in shared memory. Otherwise the program's knob for the direction chooses.
+// once a CTA), registers (loaded once a thread), or global memory through L1 at every use (leaves
+// the shared memory to the ring, and spares a CTA of one row the staging). The backward's
+// registers path stages them in shared memory. The widest staged instances (32 elements a
+// thread: the staged backward's weight-gradient sums already take 32 registers) stage them too,
+// except fp32, which reads through L1: at D = 16384 its ring (with the plain backward's
+// weight-gradient sums) takes 192-194 KiB, no room for 64 KiB of weights. Otherwise the
+// program's knob for the direction chooses.
 enum class WeightSource { kShared, kRegisters, kGlobal };
 
 template <typename T, bool kAligned, int kEpt, bool kGated, class Cfg, bool kBackward>
 __host__ __device__ constexpr WeightSource weight_source() {
-  if constexpr (kBackward && uses_registers<T, kAligned, kEpt, kGated, Cfg, kBackward>()) {
+  constexpr bool kRegisters = uses_registers<T, kAligned, kEpt, kGated, Cfg, kBackward>();
+  if constexpr (kBackward && kRegisters) {
     return WeightSource::kShared;
   }
-  if constexpr (kEpt == kMaxEpt) {
+  if constexpr (kEpt == kMaxEpt && !kRegisters) {
     return sizeof(T) == 4 ? WeightSource::kGlobal : WeightSource::kShared;
   }
   constexpr int kKnob = kBackward ? Cfg::kBackwardWeights : Cfg::kForwardWeights;
@@ -1600,63 +1606,73 @@ struct Instance {
 };
 
 // Whether a direction (kMaxRow) of a program serving D = Cfg::kColsMin .. Cfg::kColsMax ever
-// runs `ept` elements a thread with row groups of exactly `tpr` (a multiple of 32, >= 64) threads: some
-// D of that width, (tpr - 32) * ept + 1 .. tpr * ept (row groups round up to a multiple of 32),
-// is in the program's band and in ept's band. elems_per_thread grows with D through every
-// instance in turn, so the ends of the overlap decide.
+// runs `ept` elements a thread with row groups of exactly `tpr` threads (threads_per_row): some D
+// of that width (ept * (tpr - 32) + 1 .. ept * tpr above 32 threads, whose row groups round up to
+// a multiple of 32; ept * tpr / 2 + 1 .. ept * tpr for a power of two up to 32, and 1 .. ept for
+// one thread) is in the program's band and in ept's band. elems_per_thread grows with D through
+// every instance in turn, so the ends of the overlap decide.
 template <class Cfg, int kMaxRow>
 constexpr bool reachable_width(int ept, int tpr) {
-  const int low = (tpr - 32) * ept + 1 > Cfg::kColsMin ? (tpr - 32) * ept + 1 : Cfg::kColsMin;
+  const int narrowest = (tpr > 32 ? tpr - 32 : tpr / 2) * ept + 1;
+  const int low = narrowest > Cfg::kColsMin ? narrowest : Cfg::kColsMin;
   const int high = tpr * ept < Cfg::kColsMax ? tpr * ept : Cfg::kColsMax;
   return low <= high && elems_per_thread<Cfg::kMinEpt, kMaxRow>(low) <= ept &&
          elems_per_thread<Cfg::kMinEpt, kMaxRow>(high) >= ept;
 }
 
+// Whether row groups of `tpr` threads have instances with that width fixed at compile time on
+// the aligned route: the powers of two from 64 threads, and with the direction's common-widths
+// knob the other multiples of 64 (1: D = 3072, 5120, 6144, 7168 at 16 elements a thread, common
+// model widths that the run-time instance read at 69-90% of copy on the H200) or of 32 (2: also
+// D = 1536, 2560, 3584, 4608, ...). Their ring, row and column offsets are immediates.
+constexpr bool fixed_width(int tpr, int common_widths) {
+  return tpr >= 64 && ((tpr & (tpr - 1)) == 0 || (common_widths >= 1 && tpr % 64 == 0) || common_widths >= 2);
+}
+
+// Whether some D of the program's band runs the direction's run-time-width instance (kTpr 0) at
+// `ept` elements a thread: a width that has no fixed instance (every width on the scalar route).
+template <class Cfg, int kMaxRow, bool kAligned, int kCommonWidths>
+constexpr bool reachable_any_width(int ept) {
+  for (int tpr = 1; tpr <= kMaxCtaThreads; tpr = tpr < 32 ? 2 * tpr : tpr + 32) {
+    if (reachable_width<Cfg, kMaxRow>(ept, tpr) && !(kAligned && fixed_width(tpr, kCommonWidths))) return true;
+  }
+  return false;
+}
+
+// Calls f(std::integral_constant<int, tpr>{}) for every row group wider than a warp: tpr = 64,
+// 96, ..., kMaxCtaThreads.
+template <typename F, int... kSteps>
+inline void for_each_wide_row(F&& f, std::integer_sequence<int, kSteps...>) {
+  (f(std::integral_constant<int, 64 + 32 * kSteps>{}), ...);
+}
+
 // Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction whose row groups
-// take at most kMaxRow threads below kMaxEpt. The aligned route has fixed-width instances for
-// the power-of-two row groups of 64 to 512 threads that the direction reaches in the program's
-// band (at 16 elements a thread and 512 threads a row: D = 1024 .. 8192; at 32, D = 16384), and
-// with kCommonWidths (the direction's knob) below kMaxEpt for the multiples of 64 between them
-// too (at 16 elements a thread D = 3072, 5120, 6144, 7168: common model widths that the
-// run-time instance read at 69-90% of copy on the H200), or with kCommonWidths 2 for every
-// multiple of 32 (also D = 1536, 2560, 3584, 4608, ...); any other width runs the run-time one.
+// take at most kMaxRow threads below kMaxEpt: on the aligned route the fixed width of its row
+// groups (fixed_width), else the run-time-width instance. Only the instances that serve some D of
+// the program's band are compiled (e.g. at 16 elements a thread and 512 threads a row,
+// D = 1024 .. 8192 take the fixed widths from 64 to 512 threads; at 32, D = 16384).
 template <class Cfg, int kMaxRow, bool kAligned, int kCommonWidths, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
+  if (cols < Cfg::kColsMin || cols > Cfg::kColsMax) return cudaErrorInvalidValue;  // not this program's route
   const int ept = elems_per_thread<Cfg::kMinEpt, kMaxRow>(cols);
   const int tpr = threads_per_row(cols, ept);
   const auto by_width = [&](auto width_of_ept) -> cudaError_t {
     constexpr int kEpt = decltype(width_of_ept)::value;
+    cudaError_t status = cudaErrorInvalidConfiguration;  // stays only if the band analysis missed cols
     bool launched = false;
-    cudaError_t status = cudaSuccess;
-    const auto fixed = [&](auto width) {
+    for_each_wide_row([&](auto width) {
       constexpr int kTpr = decltype(width)::value;
-      if constexpr (kAligned && reachable_width<Cfg, kMaxRow>(kEpt, kTpr)) {
+      if constexpr (kAligned && fixed_width(kTpr, kCommonWidths) && reachable_width<Cfg, kMaxRow>(kEpt, kTpr)) {
         if (tpr == kTpr) {
           status = f(Instance<kEpt, kTpr>{});
           launched = true;
         }
       }
-    };
-    fixed(std::integral_constant<int, 64>{});
-    fixed(std::integral_constant<int, 128>{});
-    fixed(std::integral_constant<int, 256>{});
-    fixed(std::integral_constant<int, 512>{});
-    if constexpr (kCommonWidths >= 1 && kEpt < kMaxEpt) {
-      fixed(std::integral_constant<int, 192>{});
-      fixed(std::integral_constant<int, 320>{});
-      fixed(std::integral_constant<int, 384>{});
-      fixed(std::integral_constant<int, 448>{});
+    }, std::make_integer_sequence<int, (kMaxCtaThreads - 64) / 32 + 1>{});
+    if constexpr (reachable_any_width<Cfg, kMaxRow, kAligned, kCommonWidths>(kEpt)) {
+      if (!launched) status = f(Instance<kEpt, 0>{});
     }
-    if constexpr (kCommonWidths >= 2 && kEpt < kMaxEpt) {
-      fixed(std::integral_constant<int, 96>{});
-      fixed(std::integral_constant<int, 160>{});
-      fixed(std::integral_constant<int, 224>{});
-      fixed(std::integral_constant<int, 288>{});
-      fixed(std::integral_constant<int, 352>{});
-      fixed(std::integral_constant<int, 416>{});
-      fixed(std::integral_constant<int, 480>{});
-    }
-    return launched ? status : f(Instance<kEpt, 0>{});
+    return status;
   };
   if constexpr (Cfg::kMinEpt <= 8) {
     if (ept == 8) return by_width(std::integral_constant<int, 8>{});

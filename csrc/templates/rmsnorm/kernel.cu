@@ -13,7 +13,7 @@
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS,
 // CAKE_BACKWARD_OVERLAP_STAGING, CAKE_BACKWARD_INTERLEAVE, CAKE_BACKWARD_GUIDED, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
-// the launch bound of the instances below 32 elements a thread is kMaxCtaThreads threads and
+// the launch bound of the instances (but the widest staged ones: kForwardMinBlocks) is kMaxCtaThreads threads and
 // that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
 // ptxas then trades a few spilled bytes for occupancy).
 #include <cstdint>
@@ -88,15 +88,17 @@ struct Config {
 static_assert(cake::rmsnorm::valid_config<Config>(),
               "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
 
-// CTAs an SM in each instance's launch bound: the knob's, except for the widest instances (32
-// elements a thread), which need up to 128 registers a thread: one CTA; and the forward's
+// CTAs an SM in each instance's launch bound: the knob's, except for the widest staged instances
+// (32 elements a thread), which need up to 128 registers a thread: one CTA; and the forward's
 // any-width instances (kTpr 0), whose run-time row shape takes more registers than the fixed
 // widths: at most 3 (40 registers; RMSNorm's registers path spills at 32), 2 in the gated family
-// (64; with the gate's packs it spills 88-96 bytes at 40).
+// (64; with the gate's packs it spills 88-96 bytes at 40). The forward's widest instances on the
+// registers path (one row a CTA) keep the knob's bound: RMSNorm's 224-thread rows of 32 elements
+// take 40 registers without spills.
 constexpr int kAnyWidthForwardMaxBlocks = kGated ? 2 : 3;
 template <int kEpt, int kTpr>
 constexpr int kForwardMinBlocks =
-    kEpt == cake::rmsnorm::kMaxEpt ? 1
+    kEpt == cake::rmsnorm::kMaxEpt && CAKE_FORWARD_STAGES != 0 ? 1
     : (kTpr == 0 && CAKE_FORWARD_MIN_BLOCKS > kAnyWidthForwardMaxBlocks ? kAnyWidthForwardMaxBlocks
                                                                        : CAKE_FORWARD_MIN_BLOCKS);
 constexpr int backward_min_blocks(int ept) { return ept == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS; }
