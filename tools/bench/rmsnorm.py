@@ -573,10 +573,14 @@ TUNE_VARIANTS = {
     # More bytes in flight an SM for RMSNorm's one-row forward at D = 8192 (a 512-thread row,
     # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers (the table at D = 4097 .. 8192 since
     # this sweep, with fixed rows of 288 to 512 threads there, and at D = 2049 .. 3584 since
-    # 2026-12-03: ...-forward-32-registers-tune{1,2}.json); 32 elements a thread in 256-thread
-    # rows (48 registers); or 4 rows a CTA with the next row in registers (56, 2 CTAs' bound).
+    # 2026-12-03: ...-forward-32-registers-tune{1,2}.json); 32 elements a thread in rows of up to
+    # 256 threads at 3 or 2 CTAs' bound (40 or 48 registers; the latter the table at D = 6145 ..
+    # 7168 since 2026-12-03: ...-forward-32-elements-checks.txt); or 4 rows a CTA with the next
+    # row in registers (56, 2 CTAs' bound).
     "one_row_mb4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MIN_BLOCKS=4),
     "one_row_row256": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256),
+    "one_row_row256_mb2": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256,
+                               CAKE_FORWARD_MIN_BLOCKS=2),
     "one_row_rows4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_CTA_ROWS=4,
                           CAKE_FORWARD_MIN_BLOCKS=2),
     # one_row_mb4 at D = 4096 (8 rows an SM instead of 6 at 40 registers; measured as
