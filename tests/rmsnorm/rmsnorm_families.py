@@ -34,13 +34,15 @@ EARLIER_DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 35
 # 321, 385 and 449 threads of work; 2056 and 4104 above). output_digest.py digests them after
 # every earlier case, so that those keep their seeds.
 LATER_DIMS = [1096, 1536, 2560, 3080, 4608, 5128, 5632, 6152, 6656, 7176, 7680]
-# A fixed-width row at 32 elements a thread full (384 threads; 8200 above has its last lanes
-# idle): the widest instances fix the common widths too since the eleventh session of
-# 2026-12-03. The digest takes its cases last.
+# The fixed-width rows at 32 elements a thread (the widest instances fix the common widths too
+# since the eleventh session of 2026-12-03), full: 384 threads (12288), then 320, 352, 416, 448
+# and 480 (10240 .. 15360); 288 with its last lanes idle is 8200 above, 512 is 16384. The digest
+# takes their cases after all the others, in that order.
 WIDEST_DIMS = [12288]
-assert len(set(EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS)) == len(EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS), \
-    "a width in two lists would repeat its cases"
-DIMS = sorted(EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS)
+LATER_WIDEST_DIMS = [10240, 11264, 13312, 14336, 15360]
+_ALL_DIMS = EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS + LATER_WIDEST_DIMS
+assert len(set(_ALL_DIMS)) == len(_ALL_DIMS), "a width in two lists would repeat its cases"
+DIMS = sorted(_ALL_DIMS)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 REPO = Path(__file__).resolve().parents[2]

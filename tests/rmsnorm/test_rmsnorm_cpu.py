@@ -394,23 +394,25 @@ def test_public_names_follow_the_scheme(name):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """The bf16 vector program of each family, built here (the checks need no GPU)."""
+    """The bf16 vector program of each family that serves D = 1 (its first band), built here (the
+    checks need no GPU)."""
     nvcc = jit.find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found ($CUDA_HOME/bin or PATH)")
     out = {}
     for name in NAMES:
         program = next(p for p in MANIFESTS[name].programs
-                       if p.variant == {"dtype": "bfloat16", "load": "vector"})
+                       if p.variant == {"dtype": "bfloat16", "load": "vector"} and p.route["cols_min"] == 1)
         tree = mf.repository_tree(REPO, name)
         path = tmp_path_factory.mktemp(name) / f"{program.library}.so"
         subprocess.run(jit.compile_command(nvcc, tree, program, "sm_90a", path), check=True)
-        out[name] = (ctypes.CDLL(str(path)), program.library)
+        out[name] = (ctypes.CDLL(str(path)), program)
     return out
 
 
 def _call(compiled, name, entry, args):
-    lib, library = compiled[name]
+    lib, program = compiled[name]
+    library = program.library
     error = ctypes.create_string_buffer(512)
     array = (ctypes.c_int64 * len(args))(*args)
     status = getattr(lib, f"{library}_{entry}")(array, len(args), None, error, len(error))
@@ -486,6 +488,9 @@ def test_entries_check_their_arguments(compiled, name):
         (forward[:5] + [fake] + forward[6:], "residual_out given without residual"),
         (forward[:6] + [fake + 2] + forward[7:], "rstd is not 4-byte aligned"),
     ]
+    # a D the program has no kernels for: past its band (D <= 2048 or 3584 here), a multiple of 8
+    past_band = compiled[name][1].route["cols_max"] + 8
+    cases.append((forward[:8] + [past_band] + forward[9:], "cols is outside this program's band of D (wrong route)"))
     if gate:
         cases.append((forward[:2] + [0] + forward[3:], "gate is null"))
     else:
@@ -501,6 +506,7 @@ def test_entries_check_their_arguments(compiled, name):
         (backward[:6] + [0] + backward[7:], "dx is null"),
         (backward[:3] + [fake + 8] + backward[4:], "dy is not 16-byte aligned"),
         (backward[:16] + [rmsnorm.fp32_bits(float("inf"))], "weight_offset must be finite"),
+        (backward[:13] + [past_band] + backward[14:], "cols is outside this program's band of D (wrong route)"),
     ]
     for args, message in cases:
         assert _call(compiled, name, "backward", args) == (1, f"backward: {message}"), message

@@ -83,7 +83,7 @@ def _expected_instances(params: dict) -> set:
         for cols in range(params["CAKE_COLS_MIN"], params["CAKE_COLS_MAX"] + 1):
             ept = elems_per_thread(cols, min_ept, max_row)
             tpr = threads_per_row(cols, ept)
-            fixed = params["CAKE_VECTOR"] and tpr >= 64 and (tpr & (tpr - 1) == 0 or (step and tpr % step == 0))
+            fixed = params["CAKE_VECTOR"] and tpr >= 64 and ((tpr & (tpr - 1)) == 0 or (step and tpr % step == 0))
             expected.add((direction, ept, tpr if fixed else 0))
     return expected
 

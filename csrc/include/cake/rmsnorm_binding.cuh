@@ -41,6 +41,7 @@ struct ProgramShape {
   int elem_bytes;  // sizeof(T)
   int vec;         // elements per load (16 / elem_bytes on the vector route, 1 on the scalar route)
   bool gated;
+  int cols_min, cols_max;  // its route's band of D: the kernels exist for these widths only
 };
 
 inline float float_from_bits(int64_t bits) {
@@ -96,6 +97,13 @@ inline bool check_shape(Checker& check, const ProgramShape& shape, int64_t rows,
                        "cols is not a multiple of this program's vector width (wrong route)");
 }
 
+// The launches' own check: a program compiles kernels for its band of D only (the workspace size
+// does not depend on the band: every band of a variant has the same backward).
+inline bool check_band(Checker& check, const ProgramShape& shape, int64_t cols) {
+  return check.require(cols >= shape.cols_min && cols <= shape.cols_max,
+                       "cols is outside this program's band of D (wrong route)");
+}
+
 inline int forward_entry(const ProgramShape& shape, const Launchers& launch, const int64_t* values,
                          int32_t nargs, void* stream, char* error, int32_t error_len) {
   Checker check(error, error_len, "forward");
@@ -108,7 +116,7 @@ inline int forward_entry(const ProgramShape& shape, const Launchers& launch, con
   const int align = shape.elem_bytes * shape.vec;
   const bool live = rows > 0;
   const bool has_residual = args.i64(1) != 0;
-  if (!check_shape(check, shape, rows, cols) ||
+  if (!check_shape(check, shape, rows, cols) || !check_band(check, shape, cols) ||
       !check.require(weight_fp32 == 0 || weight_fp32 == 1, "weight_fp32 must be 0 or 1") ||
       !check.require(std::isfinite(eps) && eps > 0.0f, "eps must be finite and > 0") ||
       !check.require(std::isfinite(weight_offset), "weight_offset must be finite") ||
@@ -153,7 +161,7 @@ inline int backward_entry(const ProgramShape& shape, const Launchers& launch, co
   const int align = shape.elem_bytes * shape.vec;
   const bool live = rows > 0;
   const bool want_dweight = args.i64(11) != 0;
-  if (!check_shape(check, shape, rows, cols)) return check.status();
+  if (!check_shape(check, shape, rows, cols) || !check_band(check, shape, cols)) return check.status();
   const int width = static_cast<int>(cols);  // in [1, kMaxCols] (check_shape)
   const BackwardPartition partition = launch.backward_partition(rows, width);
   const int64_t needed = want_dweight ? workspace_bytes(partition.ctas, width) : 0;

@@ -105,7 +105,7 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //                        are not compiled (reachable_width)
 //   kForwardCommonWidths 0, 1 or 2: forward instances also fix the row groups of the multiples
 //                        of 64 between the powers of two (1), or of every multiple of 32 (2)
-//                        (fixed_width)
+//                        (has_fixed_instance)
 //   kBackwardCommonWidths  the same for the backward
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
@@ -1620,13 +1620,15 @@ constexpr bool reachable_width(int ept, int tpr) {
          elems_per_thread<Cfg::kMinEpt, kMaxRow>(high) >= ept;
 }
 
-// Whether row groups of `tpr` threads have instances with that width fixed at compile time on
-// the aligned route: the powers of two from 64 threads, and with the direction's common-widths
-// knob the other multiples of 64 (1: D = 3072, 5120, 6144, 7168 at 16 elements a thread, common
-// model widths that the run-time instance read at 69-90% of copy on the H200) or of 32 (2: also
-// D = 1536, 2560, 3584, 4608, ...). Their ring, row and column offsets are immediates.
-constexpr bool fixed_width(int tpr, int common_widths) {
-  return tpr >= 64 && ((tpr & (tpr - 1)) == 0 || (common_widths >= 1 && tpr % 64 == 0) || common_widths >= 2);
+// Whether row groups of `tpr` threads have instances with that width fixed at compile time: on
+// the aligned route only, the powers of two from 64 threads, and with the direction's
+// common-widths knob the other multiples of 64 (1: D = 3072, 5120, 6144, 7168 at 16 elements a
+// thread, common model widths that the run-time instance read at 69-90% of copy on the H200) or
+// of 32 (2: also D = 1536, 2560, 3584, 4608, ...). Their ring, row and column offsets are
+// immediates.
+constexpr bool has_fixed_instance(bool aligned, int tpr, int common_widths) {
+  return aligned && tpr >= 64 &&
+         ((tpr & (tpr - 1)) == 0 || (common_widths >= 1 && tpr % 64 == 0) || common_widths >= 2);
 }
 
 // Whether some D of the program's band runs the direction's run-time-width instance (kTpr 0) at
@@ -1634,7 +1636,7 @@ constexpr bool fixed_width(int tpr, int common_widths) {
 template <class Cfg, int kMaxRow, bool kAligned, int kCommonWidths>
 constexpr bool reachable_any_width(int ept) {
   for (int tpr = 1; tpr <= kMaxCtaThreads; tpr = tpr < 32 ? 2 * tpr : tpr + 32) {
-    if (reachable_width<Cfg, kMaxRow>(ept, tpr) && !(kAligned && fixed_width(tpr, kCommonWidths))) return true;
+    if (reachable_width<Cfg, kMaxRow>(ept, tpr) && !has_fixed_instance(kAligned, tpr, kCommonWidths)) return true;
   }
   return false;
 }
@@ -1645,12 +1647,17 @@ template <typename F, int... kSteps>
 inline void for_each_wide_row(F&& f, std::integer_sequence<int, kSteps...>) {
   (f(std::integral_constant<int, 64 + 32 * kSteps>{}), ...);
 }
+template <typename F>
+inline void for_each_wide_row(F&& f) {
+  for_each_wide_row(f, std::make_integer_sequence<int, (kMaxCtaThreads - 64) / 32 + 1>{});
+}
 
 // Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction whose row groups
-// take at most kMaxRow threads below kMaxEpt: on the aligned route the fixed width of its row
-// groups (fixed_width), else the run-time-width instance. Only the instances that serve some D of
-// the program's band are compiled (e.g. at 16 elements a thread and 512 threads a row,
-// D = 1024 .. 8192 take the fixed widths from 64 to 512 threads; at 32, D = 16384).
+// take at most kMaxRow threads below kMaxEpt: the fixed width of its row groups where they have
+// one (has_fixed_instance), else the run-time-width instance. Only the instances that serve some
+// D of the program's band are compiled (e.g. at 16 elements a thread and 512 threads a row,
+// D = 1024 .. 8192 take the fixed widths from 64 to 512 threads; at 32, D = 8193 .. 16384 those
+// from 288 to 512).
 template <class Cfg, int kMaxRow, bool kAligned, int kCommonWidths, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
   if (cols < Cfg::kColsMin || cols > Cfg::kColsMax) return cudaErrorInvalidValue;  // not this program's route
@@ -1662,13 +1669,13 @@ inline cudaError_t with_instance(int cols, F&& f) {
     bool launched = false;
     for_each_wide_row([&](auto width) {
       constexpr int kTpr = decltype(width)::value;
-      if constexpr (kAligned && fixed_width(kTpr, kCommonWidths) && reachable_width<Cfg, kMaxRow>(kEpt, kTpr)) {
+      if constexpr (has_fixed_instance(kAligned, kTpr, kCommonWidths) && reachable_width<Cfg, kMaxRow>(kEpt, kTpr)) {
         if (tpr == kTpr) {
           status = f(Instance<kEpt, kTpr>{});
           launched = true;
         }
       }
-    }, std::make_integer_sequence<int, (kMaxCtaThreads - 64) / 32 + 1>{});
+    });
     if constexpr (reachable_any_width<Cfg, kMaxRow, kAligned, kCommonWidths>(kEpt)) {
       if (!launched) status = f(Instance<kEpt, 0>{});
     }

@@ -10,6 +10,8 @@
 #define CAKE_DTYPE 0
 #define CAKE_VECTOR 1
 #define CAKE_GATED 0
+#define CAKE_COLS_MIN 1
+#define CAKE_COLS_MAX 16384
 // cake:end-params
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream);
@@ -21,7 +23,8 @@ cake::rmsnorm::BackwardPartition cake_library_backward_partition(int64_t rows, i
 namespace {
 
 constexpr int kElemBytes = CAKE_DTYPE == 2 ? 4 : 2;
-constexpr cake::rmsnorm::ProgramShape kShape{kElemBytes, CAKE_VECTOR ? 16 / kElemBytes : 1, CAKE_GATED != 0};
+constexpr cake::rmsnorm::ProgramShape kShape{kElemBytes, CAKE_VECTOR ? 16 / kElemBytes : 1, CAKE_GATED != 0,
+                                              CAKE_COLS_MIN, CAKE_COLS_MAX};
 constexpr cake::rmsnorm::Launchers kLaunchers{cake_library_launch_forward, cake_library_launch_backward,
                                               cake_library_launch_dweight,
                                               cake_library_backward_partition};

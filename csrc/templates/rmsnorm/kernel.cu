@@ -13,8 +13,8 @@
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS,
 // CAKE_BACKWARD_OVERLAP_STAGING, CAKE_BACKWARD_INTERLEAVE, CAKE_BACKWARD_GUIDED, and
 // CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
-// the launch bound of the instances (but the widest staged ones: kForwardMinBlocks) is kMaxCtaThreads threads and
-// that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
+// the launch bound of the instances (but the widest staged ones and the forward's run-time-width
+// ones: kForwardMinBlocks, backward_min_blocks) is kMaxCtaThreads threads and that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
 // ptxas then trades a few spilled bytes for occupancy).
 #include <cstdint>
 #include <type_traits>
@@ -94,11 +94,11 @@ static_assert(cake::rmsnorm::valid_config<Config>(),
 // widths: at most 3 (40 registers; RMSNorm's registers path spills at 32), 2 in the gated family
 // (64; with the gate's packs it spills 88-96 bytes at 40). The forward's widest instances on the
 // registers path (one row a CTA) keep the knob's bound: RMSNorm's 224-thread rows of 32 elements
-// take 40 registers without spills.
+// take 48 registers at the table's 2 CTAs (40 at 3) without spills.
 constexpr int kAnyWidthForwardMaxBlocks = kGated ? 2 : 3;
 template <int kEpt, int kTpr>
 constexpr int kForwardMinBlocks =
-    kEpt == cake::rmsnorm::kMaxEpt && CAKE_FORWARD_STAGES != 0 ? 1
+    kEpt == cake::rmsnorm::kMaxEpt && !cake::rmsnorm::uses_registers<Elem, kAligned, kEpt, kGated, Config, false>() ? 1
     : (kTpr == 0 && CAKE_FORWARD_MIN_BLOCKS > kAnyWidthForwardMaxBlocks ? kAnyWidthForwardMaxBlocks
                                                                        : CAKE_FORWARD_MIN_BLOCKS);
 constexpr int backward_min_blocks(int ept) { return ept == cake::rmsnorm::kMaxEpt ? 1 : CAKE_BACKWARD_MIN_BLOCKS; }
