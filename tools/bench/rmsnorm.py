@@ -571,9 +571,9 @@ TUNE_VARIANTS = {
     "one_row": dict(plain_table.ONE_ROW_FORWARD_TUNING),
     "one_row_mb2": dict(plain_table.GATED_ONE_ROW_NARROW_TUNING),
     # More bytes in flight an SM for RMSNorm's one-row forward at D = 8192 (a 512-thread row,
-    # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers (the table at D = 4097 .. 8192 since
-    # this sweep, with fixed rows of 288 to 512 threads there, and at D = 2049 .. 3584 since
-    # 2026-12-03: ...-forward-32-registers-tune{1,2}.json); 32 elements a thread in rows of up to
+    # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers (the table at D = 4097 .. 6144 and
+    # 7169 .. 8192 since this sweep, with fixed rows of 288 to 512 threads there, and at D = 2049
+    # .. 3584 since 2026-12-03: ...-forward-32-registers-tune{1,2}.json); 32 elements a thread in rows of up to
     # 256 threads at 3 or 2 CTAs' bound (40 or 48 registers; the latter the table at D = 6145 ..
     # 7168 since 2026-12-03: ...-forward-32-elements-checks.txt); or 4 rows a CTA with the next
     # row in registers (56, 2 CTAs' bound).
