@@ -25,6 +25,14 @@ def threads_per_row(cols: int, ept: int) -> int:
     return -(-need // 32) * 32 if need > 32 else 1 << (need - 1).bit_length()
 
 
+def has_fixed_instance(vector: bool, tpr: int, common_widths: int) -> bool:
+    """Whether row groups of tpr threads have instances with that width fixed (has_fixed_instance):
+    on the vector route, the powers of two from 64 threads and, with the direction's
+    CAKE_*_COMMON_WIDTHS, the other multiples of 64 (1) or of 32 (2)."""
+    return bool(vector) and tpr >= 64 and ((tpr & (tpr - 1)) == 0 or (common_widths >= 1 and tpr % 64 == 0)
+                                           or common_widths >= 2)
+
+
 def backward_bands(params: dict, cols: int) -> int:
     """The backward's bands at D = cols: CAKE_BACKWARD_BANDS for CTAs of
     CAKE_BACKWARD_CTA_THREADS, times how many more CTAs of the D's own size an SM holds under the

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_model import elems_per_thread, threads_per_row
+from launch_model import elems_per_thread, has_fixed_instance, threads_per_row
 
 from cake.core import jit
 from cake.core import manifest as mf
@@ -79,11 +79,11 @@ def _expected_instances(params: dict) -> set:
     expected = set()
     for direction in ("forward", "backward"):
         max_row = params[f"CAKE_{direction.upper()}_MAX_ROW_THREADS"]
-        step = {1: 64, 2: 32}.get(params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"])
+        common_widths = params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"]
         for cols in range(params["CAKE_COLS_MIN"], params["CAKE_COLS_MAX"] + 1):
             ept = elems_per_thread(cols, min_ept, max_row)
             tpr = threads_per_row(cols, ept)
-            fixed = params["CAKE_VECTOR"] and tpr >= 64 and ((tpr & (tpr - 1)) == 0 or (step and tpr % step == 0))
+            fixed = has_fixed_instance(params["CAKE_VECTOR"], tpr, common_widths)
             expected.add((direction, ept, tpr if fixed else 0))
     return expected
 

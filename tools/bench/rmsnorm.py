@@ -533,8 +533,8 @@ TUNE_VARIANTS = {
     "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
                     "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     # The forward's widest row group below 32 elements a thread (the table: 64 for RMSNorm's
-    # 16-bit vector programs above D = 8192, 512 below and for the gated ones, so fwd_row64 and
-    # fwd_row512 each repeat a table).
+    # 16-bit vector programs above D = 8192, 256 at D = 6145 .. 7168, 512 elsewhere and for the
+    # gated ones, so fwd_row64 and fwd_row512 each repeat a table).
     "fwd_row512": {"CAKE_FORWARD_MAX_ROW_THREADS": 512},
     "fwd_row128": {"CAKE_FORWARD_MAX_ROW_THREADS": 128},
     "fwd_row64": {"CAKE_FORWARD_MAX_ROW_THREADS": 64},
@@ -572,11 +572,11 @@ TUNE_VARIANTS = {
     "one_row_mb2": dict(plain_table.GATED_ONE_ROW_NARROW_TUNING),
     # More bytes in flight an SM for RMSNorm's one-row forward at D = 8192 (a 512-thread row,
     # 3 CTAs an SM at 40 registers): 4 CTAs at 32 registers (the table at D = 4097 .. 6144 and
-    # 7169 .. 8192 since this sweep, with fixed rows of 288 to 512 threads there, and at D = 2049
-    # .. 3584 since 2026-12-03: ...-forward-32-registers-tune{1,2}.json); 32 elements a thread in rows of up to
-    # 256 threads at 3 or 2 CTAs' bound (40 or 48 registers; the latter the table at D = 6145 ..
-    # 7168 since 2026-12-03: ...-forward-32-elements-checks.txt); or 4 rows a CTA with the next
-    # row in registers (56, 2 CTAs' bound).
+    # 7169 .. 8192 since this sweep, with fixed rows of 288 to 512 threads there, and at
+    # D = 2049 .. 3584 since 2026-12-03: ...-forward-32-registers-tune{1,2}.json); 32 elements a
+    # thread in rows of up to 256 threads at 3 or 2 CTAs' bound (40 or 48 registers; the latter
+    # the table at D = 6145 .. 7168 since 2026-12-03: ...-forward-32-elements-checks.txt); or 4
+    # rows a CTA with the next row in registers (56, 2 CTAs' bound).
     "one_row_mb4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MIN_BLOCKS=4),
     "one_row_row256": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256),
     "one_row_row256_mb2": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MAX_ROW_THREADS=256,
