@@ -38,7 +38,8 @@ def backward_bands(params: dict, cols: int) -> int:
     CAKE_BACKWARD_CTA_THREADS, times how many more CTAs of the D's own size an SM holds under the
     instance's launch bound (CAKE_BACKWARD_MIN_BLOCKS CTAs of 512 threads' registers, one at 32
     elements a thread; 0: no bound, one CTA), and never fewer."""
-    ept = elems_per_thread(cols, params["CAKE_MIN_ELEMS_PER_THREAD"], params["CAKE_BACKWARD_MAX_ROW_THREADS"])
+    ept = elems_per_thread(cols, params["CAKE_BACKWARD_MIN_ELEMS_PER_THREAD"],
+                           params["CAKE_BACKWARD_MAX_ROW_THREADS"])
     tpr = threads_per_row(cols, ept)
     cta = params["CAKE_BACKWARD_CTA_THREADS"]
     threads = tpr * (1 if tpr >= cta else cta // tpr)

@@ -49,13 +49,13 @@ def main() -> int:
         run(family, 53, 127, dtype=torch.float16, weight_fp32=True)
         run(family, 45, 1024, misaligned=True, grad_weight=True)
         run(family, 70, 512, dtype=torch.float32, residual=True)   # tpr 32
-        run(family, 33, 2048, residual=True, weight_fp32=True)     # tpr 128, backward: 4 groups
+        run(family, 33, 2048, residual=True, weight_fp32=True)     # tpr 128; RMSNorm's backward 256 of 8
         run(family, 17, 5120, dtype=torch.float16)                 # tpr 320
         run(family, 21, 4616)                                      # fixed 320, lanes idle
         run(family, 23, 7168, residual=True)                       # fixed 448; RMSNorm's forward 224 of 32
         run(family, 11, 6664)                                      # the same, lanes idle
         run(family, 29, 3072, residual=True)                       # fixed 192: 2 backward groups
-        run(family, 31, 1536, residual=True)                       # fixed 96: 5 backward groups
+        run(family, 31, 1536, residual=True)                       # fixed 96; RMSNorm's backward 192 of 8
         run(family, 27, 2560, dtype=torch.float16)                 # fixed 160: 3 backward groups
         run(family, 25, 3584, weight_fp32=True)                    # fixed 224
         run(family, 15, 4608, residual=True)                       # fixed 288
@@ -67,7 +67,7 @@ def main() -> int:
         run(family, 5, 12000, dtype=torch.float32)                 # wide, fp32
         run(family, 7, 12288, residual=True)                       # wide, fixed 384
         run(family, 1100, 64)                                      # 69 bands, last one partial
-        run(family, 5000, 1024, residual=True)                     # 2-4 steps a CTA, 8 groups
+        run(family, 5000, 1024, residual=True)                     # RMSNorm's backward: 2 groups, ~8 steps
         run(family, 3, 16384, misaligned=True, residual=True)      # unaligned, wide
         run(family, 5, 8199, dtype=torch.float32)                  # unaligned fp32 (cp.async), wide
     torch.cuda.synchronize()

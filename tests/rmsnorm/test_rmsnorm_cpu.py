@@ -111,13 +111,17 @@ def test_family_tables(name):
     for variant, routes in bands.items():
         want = split_routes if variant in split else [(1, 16384)]
         assert routes == want, (variant, routes)
-    # The bands of a variant differ in their forward only: the same backward partition and
-    # workspace, and other forward knobs from one band to the next (else the split is for
-    # nothing). Every program knows its route (it compiles the fixed widths that serve it).
+    # The bands of a variant differ in their forward, and RMSNorm's first band (D <= 2048) in its
+    # backward too (the registers path, NARROW_BACKWARD_TUNING): the other bands share one
+    # backward partition and workspace, and each band's forward knobs differ from the next one's
+    # (else the split is for nothing). Every program knows its route (it compiles the fixed widths
+    # that serve it).
     for variant in split:
         knobs = [s.params for s in family.specs if (s.variant["dtype"], s.variant["load"]) == variant]
         backward = [{k: v for k, v in params.items() if "BACKWARD" in k} for params in knobs]
-        assert len(knobs) == len(split_routes) and all(b == backward[0] for b in backward)
+        assert len(knobs) == len(split_routes) and all(b == backward[-1] for b in backward[1:])
+        assert (backward[0] == backward[-1]) == gated
+        assert (backward[0]["CAKE_BACKWARD_STAGES"] == 0) != gated  # RMSNorm's: the registers path
         forward = [{k: v for k, v in params.items() if "BACKWARD" not in k and "CAKE_COLS_" not in k}
                    for params in knobs]
         assert all(a != b for a, b in zip(forward, forward[1:]))

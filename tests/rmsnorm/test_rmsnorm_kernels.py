@@ -75,9 +75,9 @@ def _expected_instances(params: dict) -> set:
     width of its row group where the row group has one (64, 128, 256 or 512 threads; with the
     direction's CAKE_*_COMMON_WIDTHS the other multiples of 64 (1) or of 32 (2) too), else, and
     on the scalar route, the run-time-width instance (0)."""
-    min_ept = params["CAKE_MIN_ELEMS_PER_THREAD"]
     expected = set()
     for direction in ("forward", "backward"):
+        min_ept = params[f"CAKE_{direction.upper()}_MIN_ELEMS_PER_THREAD"]
         max_row = params[f"CAKE_{direction.upper()}_MAX_ROW_THREADS"]
         common_widths = params[f"CAKE_{direction.upper()}_COMMON_WIDTHS"]
         for cols in range(params["CAKE_COLS_MIN"], params["CAKE_COLS_MAX"] + 1):

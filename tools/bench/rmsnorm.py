@@ -512,26 +512,57 @@ TUNE_VARIANTS = {
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
     # quack 0.6.5's Hopper backward at D = 1024 (rmsnorm_config.py): one 128-thread row of 8
     # elements a CTA step, 8 CTAs an SM in one wave (132 x 8 partial rows); and neighbours of it.
-    # In cake's kernel: 65-77% of copy at D = 1024, 2048 with 8 elements a thread, 71-92% with 16 in
+    # In cake's kernel through its ring: 65-77% of copy at D = 1024, 2048 with 8 elements a thread, 71-92% with 16 in
     # 128-thread CTAs, against the table's 87-94% (2026-12-02-h200-rmsnorm-backward-quack-shape-tune.json).
-    "bwd_cta128_ept8_bands1056": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 128,
+    "bwd_cta128_ept8_bands1056": {"CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 128,
                                   "CAKE_BACKWARD_BANDS": 1056},
-    "bwd_cta128_ept8_bands1056_stages3": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 128,
-                                          "CAKE_BACKWARD_BANDS": 1056, "CAKE_BACKWARD_STAGES": 3},
-    "bwd_cta256_ept8_bands528": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 256,
+    "bwd_cta128_ept8_bands1056_stages3": {"CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                          "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056,
+                                          "CAKE_BACKWARD_STAGES": 3},
+    "bwd_cta256_ept8_bands528": {"CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 256,
                                  "CAKE_BACKWARD_BANDS": 528},
     "bwd_cta128_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
     "bwd_cta128_bands1056_stages3": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056,
                                      "CAKE_BACKWARD_STAGES": 3},
+    # The same shapes on the registers path (the next row loaded while the current one is
+    # reduced, no ring), and neighbours; at D <= 2048 RMSNorm's 16-bit table since 2026-12-03 is
+    # bwd_reg_ept8_cta256_bands528 (NARROW_BACKWARD_TUNING), and bwd_ring_table its backward
+    # before. In two H200 tunes (2026-12-04-h200-rmsnorm-backward-registers-tune{1,2}.json): one
+    # 128-thread row of 8 elements a CTA (8 an SM) 1.043x the ring at 262144 x 1024 but spilling
+    # at D = 2048 (16 elements at 64 registers); 128-thread rows of 16 at 128 registers (4 an SM)
+    # 1.028x there; 512-thread CTAs and 1056 bands: the family table's comment.
+    "bwd_ring_table": {"CAKE_BACKWARD_STAGES": 2, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
+                       "CAKE_BACKWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512,
+                       "CAKE_BACKWARD_BANDS": 528},
+    "bwd_reg_ept8_cta128_bands1056": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                      "CAKE_BACKWARD_MAX_ROW_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128,
+                                      "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_reg_cta128_mb1_bands528": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MAX_ROW_THREADS": 128,
+                                    "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 528,
+                                    "CAKE_BACKWARD_MIN_BLOCKS": 1},
+    "bwd_reg_ept8_cta256_bands528": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                     "CAKE_BACKWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_CTA_THREADS": 256,
+                                     "CAKE_BACKWARD_BANDS": 528},
+    "bwd_reg_ept8_cta256_bands1056": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                      "CAKE_BACKWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_CTA_THREADS": 256,
+                                      "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_reg_ept8_row256_cta512_bands264": {"CAKE_BACKWARD_STAGES": 0,
+                                            "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                            "CAKE_BACKWARD_MAX_ROW_THREADS": 256,
+                                            "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 264},
+    "bwd_reg_ept8_row256_cta512_bands528": {"CAKE_BACKWARD_STAGES": 0,
+                                            "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                            "CAKE_BACKWARD_MAX_ROW_THREADS": 256,
+                                            "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 528},
     # Fixed-width rows for every multiple of 32 threads below 512 (96, 160, 224, 288, ...: D = 1536,
     # 2560, 3584, 4608 at 16 elements a thread; both tables since 2026-12-03, so common32 repeats
     # them), or only the multiples of 64 (the tables before).
     "common32": {"CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2},
     "common64": {"CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1},
-    "ept8": {"CAKE_MIN_ELEMS_PER_THREAD": 8},
+    "ept8": {"CAKE_FORWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8},
     "row256": {"CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
-    "ept8_row256": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MAX_ROW_THREADS": 256,
-                    "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
+    "ept8_row256": {"CAKE_FORWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                    "CAKE_FORWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_MAX_ROW_THREADS": 256},
     # The forward's widest row group below 32 elements a thread (the table: 64 for RMSNorm's
     # 16-bit vector programs above D = 8192, 256 at D = 6145 .. 7168, 512 elsewhere and for the
     # gated ones, so fwd_row64 and fwd_row512 each repeat a table).
@@ -564,7 +595,8 @@ TUNE_VARIANTS = {
     # RMSNorm's one-row forward (the table up to D = 4096; 2048 when this ran) at 8 elements a
     # thread and 32 registers (4 CTAs' bound: full occupancy, FLA's); the backward then has
     # 8-element instances too.
-    "one_row_ept8_mb4": {"CAKE_MIN_ELEMS_PER_THREAD": 8, "CAKE_FORWARD_MIN_BLOCKS": 4},
+    "one_row_ept8_mb4": {"CAKE_FORWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                         "CAKE_FORWARD_MIN_BLOCKS": 4},
     # The one-row forward at 40 registers (RMSNorm's table up to D = 2048 and at 3585 .. 4096)
     # at every D, in both families (the gated one spills at D = 2048 in it), and at 2 CTAs'
     # register bound (64: the gated table up to D = 3584).

@@ -3,7 +3,7 @@ then gate; the GDN/Mamba2 output norm), optionally prenorm, with a deterministic
 
 The same programs as ``cake_rmsnorm_det_train`` (same templates, variant and route fields; see
 ``tools/families/cake_rmsnorm_det_train.py``) rendered with ``CAKE_GATED`` 1 and that table's
-``GATED_TUNING`` and its own forward bands (``FORWARD_BANDS``): 12 programs.
+``GATED_TUNING`` and its own forward bands (``VECTOR_BANDS``): 12 programs.
 """
 
 from tools.families.cake_rmsnorm_det_train import TEMPLATES, specs

@@ -7,11 +7,10 @@ Programs per (dtype, load). ``dtype`` is the dtype of x/y/dy/dx; ``load`` is ``v
 dtype, the residual (prenorm) form and the D band of the kernel instances (8 (optional), 16 or
 32 elements a thread) are chosen per call. ``cols_min``/``cols_max`` bound D for the router
 (``select`` in ``cake/core/rmsnorm.py``, shared by both RMSNorm families): one program for D = 1
-.. 16384, except the 16-bit vector ones, whose forward differs by D band (router bands,
-``bands``: D <= 2048, <= 3584, <= 4096, <= 6144, <= 7168, <= 8192 and above here, D <= 3584,
-<= 4096, <= 8192 and above in the gated family). 3 dtypes x 2 loads = 6 variants; 18 programs
-here, 12 in the gated family.
-The templates are shared with
+.. 16384, except the 16-bit vector ones, whose forward (and RMSNorm's backward up to D = 2048)
+differs by D band (router bands, ``bands``: D <= 2048, <= 3584, <= 4096, <= 6144, <= 7168,
+<= 8192 and above here, D <= 3584, <= 4096, <= 8192 and above in the gated family). 3 dtypes x 2
+loads = 6 variants; 18 programs here, 12 in the gated family. The templates are shared with
 ``cake_gated_rmsnorm_det_train`` (``CAKE_GATED``).
 
 Every program also gets the tuning knobs of ``csrc/templates/rmsnorm/kernel.cu`` (``bands``);
@@ -30,7 +29,7 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 
 # Pipeline and launch shape of every program (meanings in the kernel template and
 # csrc/include/cake/rmsnorm_common.cuh): 16 elements a thread up to 512 threads a row, weights in
-# shared memory (the 16-bit vector forwards differ by D band: FORWARD_BANDS).
+# shared memory (the 16-bit vector programs differ by D band: VECTOR_BANDS).
 # Forward: 512-thread CTAs, rows through a 2-slot shared-memory ring, no register bound, CTAs of
 # about 16 rows (many waves: the block scheduler evens out the SMs). Backward: 512-thread CTAs,
 # a 2-slot ring and 64 registers a thread, so that 2 CTAs share an SM, and 528 bands: two whole
@@ -84,7 +83,8 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # D = 4608 and 1.02-1.04x at 5120 in an H200 A/B of 2026-12-03 (tools/bench/results/2026-12-03-
 # h200-rmsnorm-backward-bands-by-width-checks.txt). The gated backward (no register bound, one CTA
 # an SM) and the fp32 and scalar programs (a 1-CTA bound) keep theirs.
-TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_MIN_ELEMS_PER_THREAD": 16,
+TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_FORWARD_MIN_ELEMS_PER_THREAD": 16,
+          "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
           "CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2,
           "CAKE_FORWARD_CTA_THREADS": 512,
@@ -167,12 +167,29 @@ ONE_ROW_32_ELEMENT_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MAX
 # instance that served it then fitted four such rows an SM instead of five, 16% slower (pairs of
 # the fixed 192-thread rows are not measured).
 GATED_ONE_ROW_PAIRED_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_CTA_THREADS": 512}
-# Forward knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the one-row
-# shape up to D = 8192, the ring above (the gated family's with the table's knobs).
-FORWARD_BANDS = {False: ((2048, ONE_ROW_FORWARD_TUNING), (3584, ONE_ROW_32_REGISTER_FORWARD_TUNING),
-                         (4096, ONE_ROW_FORWARD_TUNING), (6144, ONE_ROW_32_REGISTER_FORWARD_TUNING),
-                         (7168, ONE_ROW_32_ELEMENT_FORWARD_TUNING), (8192, ONE_ROW_32_REGISTER_FORWARD_TUNING),
-                         (16384, WIDE_FORWARD_TUNING)),
+# RMSNorm's 16-bit vector backward at D <= 2048 on the registers path (the next row loaded into
+# registers while the current one is reduced; no ring, no CTA barrier between row steps) in
+# 256-thread CTAs of 8 elements a thread (a 128-thread row of D = 1024 is two row groups a CTA),
+# four an SM at 64 registers: 528 bands, one wave. In an H200 probe of 2026-12-03 (minimal
+# kernels beside quack 0.6.5's in one process, tools/bench/results/2026-12-04-h200-rmsnorm-
+# backward-registers-probe.txt) the registers path in quack's row shape ran level with quack's
+# kernel at D = 1024 and 3% ahead at 2048, where the same rows through quack's cp.async ring
+# trailed by 10%. Against the ring (TUNING's backward) in one H200 tune (...-backward-registers-
+# tune2.json, T = 65536 / 262144): 1.033x / 1.046x at D = 1024, 1.003x / 1.023x at 2048, 1.06-1.11x
+# at D = 256 .. 768, but 0.985x / 0.998x at 1536 (192-thread rows, one a CTA). In the same tune
+# 512-thread CTAs (264 bands) led it by 0.4-2.7% at D = 512 .. 1024 and 65536 x 2048 but trailed
+# by 3-7% at 256 and 1536; 128-thread CTAs (1056 bands, spilling at D = 2048) and 1056 bands of
+# 256 threads trailed at nearly every width.
+NARROW_BACKWARD_TUNING = {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                          "CAKE_BACKWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_CTA_THREADS": 256,
+                          "CAKE_BACKWARD_BANDS": 528}
+# Knobs of the 16-bit vector programs by D band, (cols_max, knobs) in D order: the forward's
+# one-row shape up to D = 8192, the ring above (the gated family's with the table's knobs);
+# RMSNorm's backward its own up to D = 2048.
+VECTOR_BANDS = {False: ((2048, {**ONE_ROW_FORWARD_TUNING, **NARROW_BACKWARD_TUNING}),
+                        (3584, ONE_ROW_32_REGISTER_FORWARD_TUNING), (4096, ONE_ROW_FORWARD_TUNING),
+                        (6144, ONE_ROW_32_REGISTER_FORWARD_TUNING), (7168, ONE_ROW_32_ELEMENT_FORWARD_TUNING),
+                        (8192, ONE_ROW_32_REGISTER_FORWARD_TUNING), (16384, WIDE_FORWARD_TUNING)),
                  True: ((3584, GATED_ONE_ROW_NARROW_TUNING), (4096, GATED_ONE_ROW_PAIRED_TUNING),
                         (8192, ONE_ROW_FORWARD_TUNING), (16384, {}))}
 # The backward of the scalar route, and of fp32 (four packs of four elements a tensor at 16
@@ -183,20 +200,20 @@ WIDE_BACKWARD_TUNING = {"CAKE_BACKWARD_MIN_BLOCKS": 1}
 
 def bands(dtype: str, load: str, gated: bool) -> list:
     """``(route, knobs)`` of each program of one family's dtype and load (``vector`` or
-    ``scalar``), in D order; their routes tile ``ROUTE``. The backward's knobs are the same in
-    every band (its workspace and partition follow them). A program's knobs include its route
+    ``scalar``), in D order; their routes tile ``ROUTE``. Each program's backward workspace and
+    partition follow its own knobs (``VECTOR_BANDS``). A program's knobs include its route
     (``CAKE_COLS_MIN``, ``CAKE_COLS_MAX``): it compiles only the instances that serve
     a D in it."""
     base = {**TUNING, **(GATED_TUNING if gated else {}),
             **(WIDE_BACKWARD_TUNING if load == "scalar" or dtype == "float32" else {})}
     if load != "vector" or dtype == "float32":
-        forwards = ((ROUTE["cols_max"], {}),)
+        by_band = ((ROUTE["cols_max"], {}),)
     else:
-        forwards = FORWARD_BANDS[gated]
+        by_band = VECTOR_BANDS[gated]
     out, cols_min = [], ROUTE["cols_min"]
-    for cols_max, forward in forwards:
+    for cols_max, knobs in by_band:
         route = {"cols_min": cols_min, "cols_max": cols_max}
-        out.append((route, {**base, **forward, "CAKE_COLS_MIN": cols_min, "CAKE_COLS_MAX": cols_max}))
+        out.append((route, {**base, **knobs, "CAKE_COLS_MIN": cols_min, "CAKE_COLS_MAX": cols_max}))
         cols_min = cols_max + 1
     return out
 

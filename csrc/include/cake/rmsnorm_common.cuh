@@ -97,7 +97,8 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 // A program's tuning (the kernel template's knobs) arrives as a class with these members:
 //   kForwardStages       0 (registers path for the aligned instances) or 1..kMaxStages
 //   kBackwardStages      the same for the backward (the registers path below 32 elements a thread)
-//   kMinEpt              8 or 16: the narrowest instance compiled
+//   kForwardMinEpt       8 or 16: the narrowest forward instance compiled
+//   kBackwardMinEpt      the same for the backward
 //   kForwardMaxRowThreads  32 to 512 (a power of two): the widest row group a forward instance
 //                        below kMaxEpt may use (fewer threads a row: more elements a thread)
 //   kBackwardMaxRowThreads the same for the backward
@@ -143,7 +144,8 @@ __host__ __device__ constexpr bool valid_max_row_threads(int threads) {
 template <class Cfg>
 __host__ __device__ constexpr bool valid_config() {
   return Cfg::kForwardStages >= 0 && Cfg::kForwardStages <= kMaxStages && Cfg::kBackwardStages >= 0 &&
-         Cfg::kBackwardStages <= kMaxStages && (Cfg::kMinEpt == 8 || Cfg::kMinEpt == 16) &&
+         Cfg::kBackwardStages <= kMaxStages && (Cfg::kForwardMinEpt == 8 || Cfg::kForwardMinEpt == 16) &&
+         (Cfg::kBackwardMinEpt == 8 || Cfg::kBackwardMinEpt == 16) &&
          valid_max_row_threads(Cfg::kForwardMaxRowThreads) && valid_max_row_threads(Cfg::kBackwardMaxRowThreads) &&
          Cfg::kForwardCommonWidths >= 0 && Cfg::kForwardCommonWidths <= 2 &&
          Cfg::kBackwardCommonWidths >= 0 && Cfg::kBackwardCommonWidths <= 2 && Cfg::kColsMin >= 1 &&
@@ -1605,19 +1607,30 @@ struct Instance {
   static constexpr int tpr = kTpr;
 };
 
-// Whether a direction (kMaxRow) of a program serving D = Cfg::kColsMin .. Cfg::kColsMax ever
+// The knobs that pick a direction's instance for D (elems_per_thread, threads_per_row,
+// has_fixed_instance).
+template <class Cfg, bool kBackward>
+struct Widths {
+  static constexpr int kMinEpt = kBackward ? Cfg::kBackwardMinEpt : Cfg::kForwardMinEpt;
+  static constexpr int kMaxRow = kBackward ? Cfg::kBackwardMaxRowThreads : Cfg::kForwardMaxRowThreads;
+  static constexpr int kCommonWidths = kBackward ? Cfg::kBackwardCommonWidths : Cfg::kForwardCommonWidths;
+  static int ept(int cols) { return elems_per_thread<kMinEpt, kMaxRow>(cols); }
+};
+
+// Whether a direction of a program serving D = Cfg::kColsMin .. Cfg::kColsMax ever
 // runs `ept` elements a thread with row groups of exactly `tpr` threads (threads_per_row): some D
 // of that width (ept * (tpr - 32) + 1 .. ept * tpr above 32 threads, whose row groups round up to
 // a multiple of 32; ept * tpr / 2 + 1 .. ept * tpr for a power of two up to 32, and 1 .. ept for
 // one thread) is in the program's band and in ept's band. elems_per_thread grows with D through
 // every instance in turn, so the ends of the overlap decide.
-template <class Cfg, int kMaxRow>
+template <class Cfg, bool kBackward>
 constexpr bool reachable_width(int ept, int tpr) {
+  using W = Widths<Cfg, kBackward>;
   const int narrowest = (tpr > 32 ? tpr - 32 : tpr / 2) * ept + 1;
   const int low = narrowest > Cfg::kColsMin ? narrowest : Cfg::kColsMin;
   const int high = tpr * ept < Cfg::kColsMax ? tpr * ept : Cfg::kColsMax;
-  return low <= high && elems_per_thread<Cfg::kMinEpt, kMaxRow>(low) <= ept &&
-         elems_per_thread<Cfg::kMinEpt, kMaxRow>(high) >= ept;
+  return low <= high && elems_per_thread<W::kMinEpt, W::kMaxRow>(low) <= ept &&
+         elems_per_thread<W::kMinEpt, W::kMaxRow>(high) >= ept;
 }
 
 // Whether row groups of `tpr` threads have instances with that width fixed at compile time: on
@@ -1633,10 +1646,13 @@ constexpr bool has_fixed_instance(bool aligned, int tpr, int common_widths) {
 
 // Whether some D of the program's band runs the direction's run-time-width instance (kTpr 0) at
 // `ept` elements a thread: a width that has no fixed instance (every width on the scalar route).
-template <class Cfg, int kMaxRow, bool kAligned, int kCommonWidths>
+template <class Cfg, bool kBackward, bool kAligned>
 constexpr bool reachable_any_width(int ept) {
   for (int tpr = 1; tpr <= kMaxCtaThreads; tpr = tpr < 32 ? 2 * tpr : tpr + 32) {
-    if (reachable_width<Cfg, kMaxRow>(ept, tpr) && !has_fixed_instance(kAligned, tpr, kCommonWidths)) return true;
+    if (reachable_width<Cfg, kBackward>(ept, tpr) &&
+        !has_fixed_instance(kAligned, tpr, Widths<Cfg, kBackward>::kCommonWidths)) {
+      return true;
+    }
   }
   return false;
 }
@@ -1652,16 +1668,17 @@ inline void for_each_wide_row(F&& f) {
   for_each_wide_row(f, std::make_integer_sequence<int, (kMaxCtaThreads - 64) / 32 + 1>{});
 }
 
-// Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction whose row groups
-// take at most kMaxRow threads below kMaxEpt: the fixed width of its row groups where they have
+// Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction (its Widths): the
+// fixed width of its row groups where they have
 // one (has_fixed_instance), else the run-time-width instance. Only the instances that serve some
 // D of the program's band are compiled (e.g. at 16 elements a thread and 512 threads a row,
 // D = 1024 .. 8192 take the fixed widths from 64 to 512 threads; at 32, D = 8193 .. 16384 those
 // from 288 to 512).
-template <class Cfg, int kMaxRow, bool kAligned, int kCommonWidths, typename F>
+template <class Cfg, bool kBackward, bool kAligned, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
+  using W = Widths<Cfg, kBackward>;
   if (cols < Cfg::kColsMin || cols > Cfg::kColsMax) return cudaErrorInvalidValue;  // not this program's route
-  const int ept = elems_per_thread<Cfg::kMinEpt, kMaxRow>(cols);
+  const int ept = W::ept(cols);
   const int tpr = threads_per_row(cols, ept);
   const auto by_width = [&](auto width_of_ept) -> cudaError_t {
     constexpr int kEpt = decltype(width_of_ept)::value;
@@ -1669,19 +1686,20 @@ inline cudaError_t with_instance(int cols, F&& f) {
     bool launched = false;
     for_each_wide_row([&](auto width) {
       constexpr int kTpr = decltype(width)::value;
-      if constexpr (has_fixed_instance(kAligned, kTpr, kCommonWidths) && reachable_width<Cfg, kMaxRow>(kEpt, kTpr)) {
+      if constexpr (has_fixed_instance(kAligned, kTpr, W::kCommonWidths) &&
+                    reachable_width<Cfg, kBackward>(kEpt, kTpr)) {
         if (tpr == kTpr) {
           status = f(Instance<kEpt, kTpr>{});
           launched = true;
         }
       }
     });
-    if constexpr (reachable_any_width<Cfg, kMaxRow, kAligned, kCommonWidths>(kEpt)) {
+    if constexpr (reachable_any_width<Cfg, kBackward, kAligned>(kEpt)) {
       if (!launched) status = f(Instance<kEpt, 0>{});
     }
     return status;
   };
-  if constexpr (Cfg::kMinEpt <= 8) {
+  if constexpr (W::kMinEpt <= 8) {
     if (ept == 8) return by_width(std::integral_constant<int, 8>{});
   }
   if (ept == 16) return by_width(std::integral_constant<int, 16>{});

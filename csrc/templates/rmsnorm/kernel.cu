@@ -7,15 +7,15 @@
 // loads (D a multiple of 16 / sizeof(T), 16-byte aligned tensors), 0 for element loads (any D).
 // Tuning (see Config below and cake/rmsnorm_common.cuh; the family table sets them, and
 // `tools/bench/rmsnorm.py --tune` sweeps them): CAKE_{FORWARD,BACKWARD}_STAGES (ring slots),
-// CAKE_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS,
+// CAKE_{FORWARD,BACKWARD}_MIN_ELEMS_PER_THREAD, CAKE_{FORWARD,BACKWARD}_MAX_ROW_THREADS,
 // CAKE_{FORWARD,BACKWARD}_COMMON_WIDTHS, CAKE_COLS_MIN, CAKE_COLS_MAX (the program's route),
 // CAKE_{FORWARD,BACKWARD}_CTA_THREADS, CAKE_L2_PREFETCH,
 // CAKE_{FORWARD,BACKWARD}_WEIGHTS, CAKE_FORWARD_CTA_ROWS, CAKE_BACKWARD_BANDS,
 // CAKE_BACKWARD_OVERLAP_STAGING, CAKE_BACKWARD_INTERLEAVE, CAKE_BACKWARD_GUIDED, and
-// CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS:
-// the launch bound of the instances (but the widest staged ones and the forward's run-time-width
-// ones: kForwardMinBlocks, backward_min_blocks) is kMaxCtaThreads threads and that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40, 4: 32; 0 gives none, and
-// ptxas then trades a few spilled bytes for occupancy).
+// CAKE_{FORWARD,BACKWARD}_MIN_BLOCKS: the launch bound of the instances (but the widest staged
+// ones and the forward's run-time-width ones: kForwardMinBlocks, backward_min_blocks) is
+// kMaxCtaThreads threads and that many CTAs an SM (1: up to 128 registers a thread, 2: 64, 3: 40,
+// 4: 32; 0 gives none, and ptxas then trades a few spilled bytes for occupancy).
 #include <cstdint>
 #include <type_traits>
 
@@ -27,7 +27,8 @@
 #define CAKE_GATED 0
 #define CAKE_FORWARD_STAGES 3
 #define CAKE_BACKWARD_STAGES 2
-#define CAKE_MIN_ELEMS_PER_THREAD 16
+#define CAKE_FORWARD_MIN_ELEMS_PER_THREAD 16
+#define CAKE_BACKWARD_MIN_ELEMS_PER_THREAD 16
 #define CAKE_FORWARD_MAX_ROW_THREADS 512
 #define CAKE_BACKWARD_MAX_ROW_THREADS 512
 #define CAKE_FORWARD_COMMON_WIDTHS 1
@@ -67,7 +68,8 @@ constexpr bool kGated = CAKE_GATED != 0;
 struct Config {
   static constexpr int kForwardStages = CAKE_FORWARD_STAGES;
   static constexpr int kBackwardStages = CAKE_BACKWARD_STAGES;
-  static constexpr int kMinEpt = CAKE_MIN_ELEMS_PER_THREAD;
+  static constexpr int kForwardMinEpt = CAKE_FORWARD_MIN_ELEMS_PER_THREAD;
+  static constexpr int kBackwardMinEpt = CAKE_BACKWARD_MIN_ELEMS_PER_THREAD;
   static constexpr int kForwardMaxRowThreads = CAKE_FORWARD_MAX_ROW_THREADS;
   static constexpr int kBackwardMaxRowThreads = CAKE_BACKWARD_MAX_ROW_THREADS;
   static constexpr int kForwardCommonWidths = CAKE_FORWARD_COMMON_WIDTHS;
@@ -108,7 +110,7 @@ constexpr int kBackwardMinBlocks = backward_min_blocks(kEpt);
 // The backward's bands at D = cols: backward_bands for the instance serving it (its elements a
 // thread and launch bound).
 int64_t bands_at(int cols) {
-  const int ept = cake::rmsnorm::elems_per_thread<Config::kMinEpt, Config::kBackwardMaxRowThreads>(cols);
+  const int ept = cake::rmsnorm::Widths<Config, true>::ept(cols);
   return cake::rmsnorm::backward_bands<Config>(cols, ept, backward_min_blocks(ept));
 }
 
@@ -132,9 +134,7 @@ kernel_cake_library_dweight(const __grid_constant__ cake::rmsnorm::DweightParams
 }
 
 cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream) {
-  constexpr int kMaxRow = Config::kForwardMaxRowThreads;
-  constexpr int kCommonWidths = Config::kForwardCommonWidths;
-  return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
+  return cake::rmsnorm::with_instance<Config, false, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_forward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                          kernel_cake_library_forward<I::ept, I::tpr>>(p, stream);
@@ -143,9 +143,7 @@ cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, c
 
 cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
                                          cudaStream_t stream) {
-  constexpr int kMaxRow = Config::kBackwardMaxRowThreads;
-  constexpr int kCommonWidths = Config::kBackwardCommonWidths;
-  return cake::rmsnorm::with_instance<Config, kMaxRow, kAligned, kCommonWidths>(p.cols, [&](auto instance) {
+  return cake::rmsnorm::with_instance<Config, true, kAligned>(p.cols, [&](auto instance) {
     using I = decltype(instance);
     return cake::rmsnorm::launch_backward<Elem, kAligned, I::ept, I::tpr, kGated, Config,
                                           kernel_cake_library_backward<I::ept, I::tpr>>(p, ctas, stream);
