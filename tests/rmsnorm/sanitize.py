@@ -68,6 +68,8 @@ def main() -> int:
         run(family, 7, 12288, residual=True)                       # wide, fixed 384
         run(family, 1100, 64)                                      # 69 bands, last one partial
         run(family, 5000, 1024, residual=True)                     # RMSNorm's backward: 2 groups, ~8 steps
+        run(family, 3000, 512, residual=True)                      # RMSNorm's backward: 4 groups of 64
+        run(family, 700, 256, weight_fp32=True)                    # RMSNorm's backward: 8 groups of 32
         run(family, 3, 16384, misaligned=True, residual=True)      # unaligned, wide
         run(family, 5, 8199, dtype=torch.float32)                  # unaligned fp32 (cp.async), wide
     torch.cuda.synchronize()

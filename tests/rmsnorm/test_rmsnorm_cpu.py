@@ -3,9 +3,11 @@ and (with nvcc, no GPU needed) the C entries' own argument checks and workspace 
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import importlib.util
 import inspect
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -398,24 +400,45 @@ def test_public_names_follow_the_scheme(name):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """The bf16 vector program of each family that serves D = 1 (its first band), built here (the
-    checks need no GPU)."""
+    """Every bf16 vector program of each family (one a D band), built here (the checks need no
+    GPU), in parallel: name -> [(library, program)] in D order."""
     nvcc = jit.find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found ($CUDA_HOME/bin or PATH)")
-    out = {}
-    for name in NAMES:
-        program = next(p for p in MANIFESTS[name].programs
-                       if p.variant == {"dtype": "bfloat16", "load": "vector"} and p.route["cols_min"] == 1)
-        tree = mf.repository_tree(REPO, name)
-        path = tmp_path_factory.mktemp(name) / f"{program.library}.so"
-        subprocess.run(jit.compile_command(nvcc, tree, program, "sm_90a", path), check=True)
-        out[name] = (ctypes.CDLL(str(path)), program)
-    return out
+    # (tmp_path_factory is not thread-safe: the folders are made here, the builds in the pool)
+    jobs = [(name, program, tmp_path_factory.mktemp(name) / f"{program.library}.so")
+            for name in NAMES for program in MANIFESTS[name].programs
+            if program.variant == {"dtype": "bfloat16", "load": "vector"}]
+
+    def build(job):
+        name, program, path = job
+        subprocess.run(jit.compile_command(nvcc, mf.repository_tree(REPO, name), program, "sm_90a", path),
+                       check=True)
+        return ctypes.CDLL(str(path))
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        libraries = list(pool.map(build, jobs))
+    out = {name: [] for name in NAMES}
+    for (name, program, _), library in zip(jobs, libraries):
+        out[name].append((library, program))
+    return {name: sorted(programs, key=lambda lp: lp[1].route["cols_min"]) for name, programs in out.items()}
 
 
-def _call(compiled, name, entry, args):
-    lib, program = compiled[name]
+def _serving(compiled, name, cols):
+    """The compiled (library, program) of the family whose band holds D = cols (the router's
+    choice on the vector route)."""
+    return next(lp for lp in compiled[name] if lp[1].route["cols_min"] <= cols <= lp[1].route["cols_max"])
+
+
+def _knobs(name, program) -> dict:
+    """The family table's knobs of a program."""
+    return next(spec.params for spec in family_table(name).specs
+                if spec.variant == program.variant and spec.route == program.route)
+
+
+def _call(compiled, name, entry, args, cols=1):
+    """Calls a C entry of the program serving D = cols."""
+    lib, program = _serving(compiled, name, cols)
     library = program.library
     error = ctypes.create_string_buffer(512)
     array = (ctypes.c_int64 * len(args))(*args)
@@ -439,32 +462,39 @@ def _workspace_bytes(params: dict, rows: int, cols: int) -> int:
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_bytes_entry(compiled, name):
-    """The entry's workspace size (_workspace_bytes) at the edges of the band count: no rows,
-    fewer rows than a band's least, the table's bands full and one row past, and the widths
-    whose bands differ (D = 4097 .. 5120)."""
-    params = family_table(name).specs[0].params
-    table_bands = params["CAKE_BACKWARD_BANDS"]
+    """The entry's workspace size (_workspace_bytes, from the knobs of the program serving the D)
+    at the edges of the band count: no rows, fewer rows than a band's least, the table's bands
+    full and one row past, and the widths whose bands differ (D = 4097 .. 5120; in RMSNorm's
+    registers-path band, D = 520 .. 768, 1032 .. 1536). A D outside the program's band is
+    refused, as the launches refuse it."""
+    table_bands = family_table(name).specs[0].params["CAKE_BACKWARD_BANDS"]
     out = ctypes.c_int64(-1)
     for rows, cols in ((0, 8), (1, 8), (16, 8), (17, 8), (48, 8), (16 * table_bands, 4096),
                        (16 * table_bands + 1, 16), (65536, 1024), (10 ** 7, 16384), (16 * table_bands + 1, 4104),
-                       (65536, 4616), (10 ** 6, 5120), (10 ** 6, 5128)):
-        assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)]) == (0, "")
+                       (65536, 4616), (10 ** 6, 5120), (10 ** 6, 5128), (10 ** 6, 768), (10 ** 6, 1280),
+                       (10 ** 6, 1536), (10 ** 6, 2048)):
+        params = _knobs(name, _serving(compiled, name, cols)[1])
+        assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)], cols) == (0, "")
         assert out.value == _workspace_bytes(params, rows, cols), (rows, cols)
     status, message = _call(compiled, name, "workspace_bytes", [10, 12, ctypes.addressof(out)])
     assert status == 1 and "vector width" in message
+    past_band = _serving(compiled, name, 1)[1].route["cols_max"] + 8
+    status, message = _call(compiled, name, "workspace_bytes", [10, past_band, ctypes.addressof(out)])
+    assert (status, message) == (1, "workspace_bytes: cols is outside this program's band of D (wrong route)")
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", NAMES)
 def test_backward_bands_at_every_width(compiled, name):
     """The backward's band count, read back through the workspace entry at enough rows that the
-    bands bind, follows launch_model.backward_bands at every width of the vector program."""
-    params = family_table(name).specs[0].params
-    rows = 16 * 4 * params["CAKE_BACKWARD_BANDS"]
+    bands bind, follows launch_model.backward_bands at every width of the vector programs (each
+    width asked of the program serving it)."""
     out = ctypes.c_int64(-1)
     wrong = []
     for cols in range(8, 16385, 8):
-        assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)]) == (0, "")
+        params = _knobs(name, _serving(compiled, name, cols)[1])
+        rows = 16 * 4 * params["CAKE_BACKWARD_BANDS"]
+        assert _call(compiled, name, "workspace_bytes", [rows, cols, ctypes.addressof(out)], cols) == (0, "")
         if out.value != _workspace_bytes(params, rows, cols):
             wrong.append(cols)
     assert not wrong, wrong[:10]
@@ -493,7 +523,7 @@ def test_entries_check_their_arguments(compiled, name):
         (forward[:6] + [fake + 2] + forward[7:], "rstd is not 4-byte aligned"),
     ]
     # a D the program has no kernels for: past its band (D <= 2048 or 3584 here), a multiple of 8
-    past_band = compiled[name][1].route["cols_max"] + 8
+    past_band = _serving(compiled, name, 1)[1].route["cols_max"] + 8
     cases.append((forward[:8] + [past_band] + forward[9:], "cols is outside this program's band of D (wrong route)"))
     if gate:
         cases.append((forward[:2] + [0] + forward[3:], "gate is null"))

@@ -248,9 +248,11 @@ def test_widest_rows_with_every_input(family, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("cols", [1001, 1024, 4608, 4616, 5120])
 def test_many_rows_a_cta(family, dtype, cols):
-    """20000 rows: every forward CTA and backward band runs more steps than its ring has slots,
-    on both routes (D = 1001: unaligned), and at D = 4608 (288-thread rows), 4616 and 5120 (320)
-    in RMSNorm's 16-bit backward half as many bands again (792: launch_model.backward_bands)."""
+    """20000 rows: every forward CTA and backward band runs more steps than its ring has slots
+    (or, in RMSNorm's 16-bit registers-path backward at D = 1024, than its two sets of
+    registers), on both routes (D = 1001: unaligned), and at D = 4608 (288-thread rows), 4616 and
+    5120 (320) in RMSNorm's 16-bit backward half as many bands again (792:
+    launch_model.backward_bands)."""
     check_case(family, (20000, cols), dtype=dtype, residual=cols == 1024, seed=cols)
 
 

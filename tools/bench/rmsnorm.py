@@ -422,8 +422,15 @@ def host_overhead(calls: int = 300) -> list:
 
 # --------------------------------------------------------------------------- tuning
 
+# RMSNorm's ring backward (TUNING's; its 16-bit programs at D <= 2048 take the registers path
+# since 2026-12-03), which the ring variants below start from so that they mean the same at
+# every D (in the gated family, whose table has a 3-slot ring of 264 bands, they run these).
+RING_BACKWARD = {"CAKE_BACKWARD_STAGES": 2, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
+                 "CAKE_BACKWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512,
+                 "CAKE_BACKWARD_BANDS": 528}
 # The gated table's backward shape, for RMSNorm's backward in the variants below.
-GATED_BACKWARD_SHAPE = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0, "CAKE_BACKWARD_BANDS": 264}
+GATED_BACKWARD_SHAPE = {**RING_BACKWARD, "CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
+                        "CAKE_BACKWARD_BANDS": 264}
 
 # Variants swept by --tune: knob overrides (csrc/templates/rmsnorm/kernel.cu) on top of each
 # family's bf16 vector tuning in its table (``tuning`` in tools/families/cake_rmsnorm_det_train.py;
@@ -433,7 +440,8 @@ GATED_BACKWARD_SHAPE = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0
 # CAKE_BACKWARD_BANDS is the count for CTAs of CAKE_BACKWARD_CTA_THREADS; since 2026-12-03's
 # backward_bands a D whose CTA is smaller and fits more of them an SM gets more (e.g. 792 for the
 # table's 528 at D = 4097 .. 5120, 1188 for bands792 there; with 256-thread CTAs also at D = 2056);
-# the variants' figures measured before then had the knob's count at every D.
+# the variants' figures measured before then had the knob's count at every D. A variant that
+# leaves a backward knob out takes the band's: at D <= 2048 RMSNorm's registers-path backward.
 TUNE_VARIANTS = {
     "table": {},
     "registers": {"CAKE_FORWARD_STAGES": 0, "CAKE_BACKWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0,
@@ -514,16 +522,16 @@ TUNE_VARIANTS = {
     # elements a CTA step, 8 CTAs an SM in one wave (132 x 8 partial rows); and neighbours of it.
     # In cake's kernel through its ring: 65-77% of copy at D = 1024, 2048 with 8 elements a thread, 71-92% with 16 in
     # 128-thread CTAs, against the table's 87-94% (2026-12-02-h200-rmsnorm-backward-quack-shape-tune.json).
-    "bwd_cta128_ept8_bands1056": {"CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 128,
-                                  "CAKE_BACKWARD_BANDS": 1056},
-    "bwd_cta128_ept8_bands1056_stages3": {"CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+    "bwd_cta128_ept8_bands1056": {**RING_BACKWARD, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                  "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_cta128_ept8_bands1056_stages3": {**RING_BACKWARD, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
                                           "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056,
                                           "CAKE_BACKWARD_STAGES": 3},
-    "bwd_cta256_ept8_bands528": {"CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_CTA_THREADS": 256,
-                                 "CAKE_BACKWARD_BANDS": 528},
-    "bwd_cta128_bands1056": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
-    "bwd_cta128_bands1056_stages3": {"CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056,
-                                     "CAKE_BACKWARD_STAGES": 3},
+    "bwd_cta256_ept8_bands528": {**RING_BACKWARD, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
+                                 "CAKE_BACKWARD_CTA_THREADS": 256},
+    "bwd_cta128_bands1056": {**RING_BACKWARD, "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_cta128_bands1056_stages3": {**RING_BACKWARD, "CAKE_BACKWARD_CTA_THREADS": 128,
+                                     "CAKE_BACKWARD_BANDS": 1056, "CAKE_BACKWARD_STAGES": 3},
     # The same shapes on the registers path (the next row loaded while the current one is
     # reduced, no ring), and neighbours; at D <= 2048 RMSNorm's 16-bit table since 2026-12-03 is
     # bwd_reg_ept8_cta256_bands528 (NARROW_BACKWARD_TUNING), and bwd_ring_table its backward
@@ -531,13 +539,12 @@ TUNE_VARIANTS = {
     # 128-thread row of 8 elements a CTA (8 an SM) 1.043x the ring at 262144 x 1024 but spilling
     # at D = 2048 (16 elements at 64 registers); 128-thread rows of 16 at 128 registers (4 an SM)
     # 1.028x there; 512-thread CTAs and 1056 bands: the family table's comment.
-    "bwd_ring_table": {"CAKE_BACKWARD_STAGES": 2, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
-                       "CAKE_BACKWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512,
-                       "CAKE_BACKWARD_BANDS": 528},
+    "bwd_ring_table": RING_BACKWARD,
     "bwd_reg_ept8_cta128_bands1056": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
                                       "CAKE_BACKWARD_MAX_ROW_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128,
                                       "CAKE_BACKWARD_BANDS": 1056},
-    "bwd_reg_cta128_mb1_bands528": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MAX_ROW_THREADS": 128,
+    "bwd_reg_cta128_mb1_bands528": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
+                                    "CAKE_BACKWARD_MAX_ROW_THREADS": 128,
                                     "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 528,
                                     "CAKE_BACKWARD_MIN_BLOCKS": 1},
     "bwd_reg_ept8_cta256_bands528": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,

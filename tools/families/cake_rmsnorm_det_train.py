@@ -175,10 +175,11 @@ GATED_ONE_ROW_PAIRED_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_CTA_THREA
 # backward-registers-probe.txt) the registers path in quack's row shape ran level with quack's
 # kernel at D = 1024 and 3% ahead at 2048, where the same rows through quack's cp.async ring
 # trailed by 10%. Against the ring (TUNING's backward) in one H200 tune (...-backward-registers-
-# tune2.json, T = 65536 / 262144): 1.033x / 1.046x at D = 1024, 1.003x / 1.023x at 2048, 1.06-1.11x
-# at D = 256 .. 768, but 0.985x / 0.998x at 1536 (192-thread rows, one a CTA). In the same tune
-# 512-thread CTAs (264 bands) led it by 0.4-2.7% at D = 512 .. 1024 and 65536 x 2048 but trailed
-# by 3-7% at 256 and 1536; 128-thread CTAs (1056 bands, spilling at D = 2048) and 1056 bands of
+# tune2.json, T = 65536 / 262144): 1.032x / 1.046x at D = 1024, 1.003x / 1.023x at 2048, 1.06-1.11x
+# at 65536 x 256 .. 768 and 1.028x at 262144 x 512, but 0.985x / 0.998x at 1536 (192-thread rows,
+# one a CTA). In the same tune 512-thread CTAs (264 bands) led it by 0.4-2.7% at 65536 x 512 ..
+# 1024, 262144 x 1024 and 65536 x 2048, but trailed by 3-9% at D = 256 and 1536 and by 0.8% at
+# 262144 x 2048; 128-thread CTAs (1056 bands, spilling at D = 2048) and 1056 bands of
 # 256 threads trailed at nearly every width.
 NARROW_BACKWARD_TUNING = {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
                           "CAKE_BACKWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_CTA_THREADS": 256,

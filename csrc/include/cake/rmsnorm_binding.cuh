@@ -97,8 +97,8 @@ inline bool check_shape(Checker& check, const ProgramShape& shape, int64_t rows,
                        "cols is not a multiple of this program's vector width (wrong route)");
 }
 
-// The launches' own check: a program compiles kernels for its band of D only (the workspace size
-// does not depend on the band: every band of a variant has the same backward).
+// The entries' own check of the route: a program compiles kernels for its band of D only, and its
+// backward partition (so the workspace size) follows its own knobs, which differ between bands.
 inline bool check_band(Checker& check, const ProgramShape& shape, int64_t cols) {
   return check.require(cols >= shape.cols_min && cols <= shape.cols_max,
                        "cols is outside this program's band of D (wrong route)");
@@ -226,7 +226,10 @@ inline int workspace_entry(const ProgramShape& shape, const Launchers& launch, c
   if (!check.require(values != nullptr && nargs == kWorkspaceArgs, "expected 3 arguments")) return check.status();
   const Args args{values, nargs};
   const int64_t rows = args.i64(0), cols = args.i64(1);
-  if (!check_shape(check, shape, rows, cols) || !check.pointer(args, 2, "out", true, 8)) return check.status();
+  if (!check_shape(check, shape, rows, cols) || !check_band(check, shape, cols) ||
+      !check.pointer(args, 2, "out", true, 8)) {
+    return check.status();
+  }
   const int width = static_cast<int>(cols);
   *args.ptr<int64_t>(2) = workspace_bytes(launch.backward_partition(rows, width).ctas, width);
   return kOk;
