@@ -524,7 +524,8 @@ def test_entries_check_their_arguments(compiled, name):
     ]
     # a D the program has no kernels for: past its band (D <= 2048 or 3584 here), a multiple of 8
     past_band = _serving(compiled, name, 1)[1].route["cols_max"] + 8
-    cases.append((forward[:8] + [past_band] + forward[9:], "cols is outside this program's band of D (wrong route)"))
+    outside = "cols is outside this program's band of D (wrong route)"
+    cases.append((forward[:8] + [past_band] + forward[9:], outside))
     if gate:
         cases.append((forward[:2] + [0] + forward[3:], "gate is null"))
     else:
@@ -540,7 +541,7 @@ def test_entries_check_their_arguments(compiled, name):
         (backward[:6] + [0] + backward[7:], "dx is null"),
         (backward[:3] + [fake + 8] + backward[4:], "dy is not 16-byte aligned"),
         (backward[:16] + [rmsnorm.fp32_bits(float("inf"))], "weight_offset must be finite"),
-        (backward[:13] + [past_band] + backward[14:], "cols is outside this program's band of D (wrong route)"),
+        (backward[:13] + [past_band] + backward[14:], outside),
     ]
     for args, message in cases:
         assert _call(compiled, name, "backward", args) == (1, f"backward: {message}"), message

@@ -425,9 +425,8 @@ def host_overhead(calls: int = 300) -> list:
 # RMSNorm's ring backward (TUNING's; its 16-bit programs at D <= 2048 take the registers path
 # since 2026-12-03), which the ring variants below start from so that they mean the same at
 # every D (in the gated family, whose table has a 3-slot ring of 264 bands, they run these).
-RING_BACKWARD = {"CAKE_BACKWARD_STAGES": 2, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
-                 "CAKE_BACKWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512,
-                 "CAKE_BACKWARD_BANDS": 528}
+NARROW_BACKWARD = plain_table.NARROW_BACKWARD_TUNING
+RING_BACKWARD = {knob: plain_table.TUNING[knob] for knob in NARROW_BACKWARD}
 # The gated table's backward shape, for RMSNorm's backward in the variants below.
 GATED_BACKWARD_SHAPE = {**RING_BACKWARD, "CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
                         "CAKE_BACKWARD_BANDS": 264}
@@ -520,8 +519,9 @@ TUNE_VARIANTS = {
     "bwd_cta256_bands1024": {"CAKE_BACKWARD_CTA_THREADS": 256, "CAKE_BACKWARD_BANDS": 1024},
     # quack 0.6.5's Hopper backward at D = 1024 (rmsnorm_config.py): one 128-thread row of 8
     # elements a CTA step, 8 CTAs an SM in one wave (132 x 8 partial rows); and neighbours of it.
-    # In cake's kernel through its ring: 65-77% of copy at D = 1024, 2048 with 8 elements a thread, 71-92% with 16 in
-    # 128-thread CTAs, against the table's 87-94% (2026-12-02-h200-rmsnorm-backward-quack-shape-tune.json).
+    # In cake's kernel through its ring: 65-77% of copy at D = 1024, 2048 with 8 elements a thread,
+    # 71-92% with 16 in 128-thread CTAs, against the table's 87-94%
+    # (2026-12-02-h200-rmsnorm-backward-quack-shape-tune.json).
     "bwd_cta128_ept8_bands1056": {**RING_BACKWARD, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
                                   "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
     "bwd_cta128_ept8_bands1056_stages3": {**RING_BACKWARD, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
@@ -540,27 +540,16 @@ TUNE_VARIANTS = {
     # at D = 2048 (16 elements at 64 registers); 128-thread rows of 16 at 128 registers (4 an SM)
     # 1.028x there; 512-thread CTAs and 1056 bands: the family table's comment.
     "bwd_ring_table": RING_BACKWARD,
-    "bwd_reg_ept8_cta128_bands1056": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
-                                      "CAKE_BACKWARD_MAX_ROW_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128,
-                                      "CAKE_BACKWARD_BANDS": 1056},
-    "bwd_reg_cta128_mb1_bands528": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
-                                    "CAKE_BACKWARD_MAX_ROW_THREADS": 128,
-                                    "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 528,
+    "bwd_reg_ept8_cta128_bands1056": {**NARROW_BACKWARD, "CAKE_BACKWARD_MAX_ROW_THREADS": 128,
+                                      "CAKE_BACKWARD_CTA_THREADS": 128, "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_reg_cta128_mb1_bands528": {**NARROW_BACKWARD, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
+                                    "CAKE_BACKWARD_MAX_ROW_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128,
                                     "CAKE_BACKWARD_MIN_BLOCKS": 1},
-    "bwd_reg_ept8_cta256_bands528": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
-                                     "CAKE_BACKWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_CTA_THREADS": 256,
-                                     "CAKE_BACKWARD_BANDS": 528},
-    "bwd_reg_ept8_cta256_bands1056": {"CAKE_BACKWARD_STAGES": 0, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
-                                      "CAKE_BACKWARD_MAX_ROW_THREADS": 256, "CAKE_BACKWARD_CTA_THREADS": 256,
-                                      "CAKE_BACKWARD_BANDS": 1056},
-    "bwd_reg_ept8_row256_cta512_bands264": {"CAKE_BACKWARD_STAGES": 0,
-                                            "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
-                                            "CAKE_BACKWARD_MAX_ROW_THREADS": 256,
-                                            "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 264},
-    "bwd_reg_ept8_row256_cta512_bands528": {"CAKE_BACKWARD_STAGES": 0,
-                                            "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8,
-                                            "CAKE_BACKWARD_MAX_ROW_THREADS": 256,
-                                            "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_BACKWARD_BANDS": 528},
+    "bwd_reg_ept8_cta256_bands528": NARROW_BACKWARD,
+    "bwd_reg_ept8_cta256_bands1056": {**NARROW_BACKWARD, "CAKE_BACKWARD_BANDS": 1056},
+    "bwd_reg_ept8_row256_cta512_bands264": {**NARROW_BACKWARD, "CAKE_BACKWARD_CTA_THREADS": 512,
+                                            "CAKE_BACKWARD_BANDS": 264},
+    "bwd_reg_ept8_row256_cta512_bands528": {**NARROW_BACKWARD, "CAKE_BACKWARD_CTA_THREADS": 512},
     # Fixed-width rows for every multiple of 32 threads below 512 (96, 160, 224, 288, ...: D = 1536,
     # 2560, 3584, 4608 at 16 elements a thread; both tables since 2026-12-03, so common32 repeats
     # them), or only the multiples of 64 (the tables before).

@@ -72,8 +72,8 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # D = 1536, 2560, 3584, 4608, RMSNorm's forward 1.05-1.16x, its backward 1.08-1.13x, the gated
 # forward 1.07-1.25x and the gated backward 1.04-1.43x; D = 2048 and 4096 level.
 # The widest instances (32 elements a thread: D > 8192, and RMSNorm's forward at 6145 .. 7168) fix
-# those widths too since 2026-12-03: against their run-time rows (RMSNorm's backward read
-# 37.5-41.6% of copy in them) in an H200 A/B at D = 10240, 12288 and 14336, RMSNorm's backward 1.63-1.84x, its
+# those widths too since 2026-12-03: against their run-time rows (RMSNorm's backward read 37.5-41.6%
+# of copy in them) in an H200 A/B at D = 10240, 12288 and 14336, RMSNorm's backward 1.63-1.84x, its
 # forward 0.998-1.044x, the gated forward 1.03-1.08x and the gated backward 1.04-1.06x; D = 16384
 # (512-thread rows, fixed before) level (tools/bench/results/2026-12-03-h200-rmsnorm-
 # forward-32-elements-ab.json).
@@ -107,7 +107,8 @@ GATED_TUNING = {"CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWARD_MIN_BLOCKS": 0,
                 "CAKE_BACKWARD_GUIDED": 1}
 # RMSNorm's 16-bit vector forward above D = 8192 (its ring band): rows of at most 64 threads
 # below 32 elements a thread, so 32 elements a thread from D = 1025 up (row groups of 64-512
-# threads), where 512 threads a row kept 16 up to D = 8192; measured when the ring served every D. A row step's fixed instructions then cover twice the data: 0.6-2.2
+# threads), where 512 threads a row kept 16 up to D = 8192; measured when the ring served every
+# D. A row step's fixed instructions then cover twice the data: 0.6-2.2
 # points of copy bandwidth at D = 2048-8192 in three H200 runs of 2026-12-01, level at 1024
 # (tools/bench/results/2026-12-01-h200-rmsnorm-forward-width-*.json). Not the gated forward, whose
 # ring slot of x and g then takes 64 KiB a 512-thread CTA (1 CTA an SM at D = 2048: 88.6% against
@@ -136,19 +137,19 @@ ONE_ROW_FORWARD_TUNING = {"CAKE_FORWARD_STAGES": 0, "CAKE_FORWARD_WEIGHTS": 2,
 # +4.3..5.7 points over the ring at D = 8192 (the H200 tunes above had 20 bytes spilled there,
 # since gone).
 GATED_ONE_ROW_NARROW_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 2}
-# RMSNorm's one-row forward at 32 registers (4 CTAs' bound: four 512-thread rows an SM), at
-# D = 2049 .. 3584, 4097 .. 6144 and 7169 .. 8192: its bands have rows of 160 to 224 and 288 to 512
-# threads only (the 128-thread rows spill at 32, the 256-thread ones measured 2% slower than at 40).
-# At D = 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 /
-# 93.4 at 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The
-# rows of 320, 384 and 448 threads (D = 4609 .. 5120, 5633 .. 6144, 6657 .. 7168) fixed rather than
-# run-time: 1.26-1.27x at D = 5120 and 7168 (7168 since served by ONE_ROW_32_ELEMENT_FORWARD_TUNING), 1.03x at 6144 in
-# an H200 A/B (2026-12-03-h200-rmsnorm-common-widths-ab.txt); the rows of 288 threads
-# (D = 4097 .. 4608) too, with the other odd multiples of 32 (TUNING's CAKE_FORWARD_COMMON_WIDTHS
-# 2): 1.16x at D = 4608. At D = 3584 nine rows of 224 threads fit an SM instead of seven at 40
-# registers: 1.057-1.068x (96.8-99.3% of copy), 1.009-1.013x at 2560 and 1.008-1.012x at 3072, in
-# two H200 tunes of 2026-12-03
-# (tools/bench/results/2026-12-03-h200-rmsnorm-forward-32-registers-tune{1,2}.json).
+# RMSNorm's one-row forward at 32 registers (4 CTAs' bound: four 512-thread rows an SM), at D = 2049
+# .. 3584, 4097 .. 6144 and 7169 .. 8192: its bands have rows of 160 to 224 and 288 to 512 threads
+# only (the 128-thread rows spill at 32, the 256-thread ones measured 2% slower than at 40). At D =
+# 8192 98.2 / 98.9% of copy at T = 65536 / 262144 against the ring's 91.0 / 93.8 and 92.5 / 93.4 at
+# 40 registers (tools/bench/results/2026-12-02-h200-rmsnorm-one-row-8192-tune.json). The rows of
+# 320, 384 and 448 threads (D = 4609 .. 5120, 5633 .. 6144, 6657 .. 7168) fixed rather than
+# run-time: 1.26-1.27x at D = 5120 and 7168 (7168 since served by
+# ONE_ROW_32_ELEMENT_FORWARD_TUNING), 1.03x at 6144 in an H200 A/B
+# (2026-12-03-h200-rmsnorm-common-widths-ab.txt); the rows of 288 threads (D = 4097 .. 4608) too,
+# with the other odd multiples of 32 (TUNING's CAKE_FORWARD_COMMON_WIDTHS 2): 1.16x at D = 4608. At
+# D = 3584 nine rows of 224 threads fit an SM instead of seven at 40 registers: 1.057-1.068x
+# (96.8-99.3% of copy), 1.009-1.013x at 2560 and 1.008-1.012x at 3072, in two H200 tunes of
+# 2026-12-03 (tools/bench/results/2026-12-03-h200-rmsnorm-forward-32-registers-tune{1,2}.json).
 ONE_ROW_32_REGISTER_FORWARD_TUNING = {**ONE_ROW_FORWARD_TUNING, "CAKE_FORWARD_MIN_BLOCKS": 4}
 # Where its rows take 385 to 448 threads (D = 6145 .. 7168: DeepSeek-V3's 7168), 4 fit an SM
 # (the threads' limit); at 32 elements a thread in fixed 224-thread rows (48 registers) 6 do:
