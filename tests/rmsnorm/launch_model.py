@@ -28,9 +28,13 @@ def threads_per_row(cols: int, ept: int) -> int:
 def has_fixed_instance(vector: bool, tpr: int, common_widths: int) -> bool:
     """Whether row groups of tpr threads have instances with that width fixed (has_fixed_instance):
     on the vector route, the powers of two from 64 threads and, with the direction's
-    CAKE_*_COMMON_WIDTHS, the other multiples of 64 (1) or of 32 (2)."""
-    return bool(vector) and tpr >= 64 and ((tpr & (tpr - 1)) == 0 or (common_widths >= 1 and tpr % 64 == 0)
-                                           or common_widths >= 2)
+    CAKE_*_COMMON_WIDTHS, the other multiples of 64 (1) or of 32 (2), and the row groups of a
+    warp or less (3)."""
+    if not vector:
+        return False
+    if tpr <= 32:
+        return common_widths >= 3
+    return (tpr & (tpr - 1)) == 0 or (common_widths >= 1 and tpr % 64 == 0) or common_widths >= 2
 
 
 def backward_bands(params: dict, cols: int) -> int:

@@ -48,7 +48,7 @@ def main() -> int:
         run(family, 37, 7)                                  # scalar, tpr 1, 256 groups
         run(family, 53, 127, dtype=torch.float16, weight_fp32=True)
         run(family, 45, 1024, misaligned=True, grad_weight=True)
-        run(family, 70, 512, dtype=torch.float32, residual=True)   # tpr 32
+        run(family, 70, 512, dtype=torch.float32, residual=True)   # fixed 32
         run(family, 33, 2048, residual=True, weight_fp32=True)     # tpr 128; RMSNorm's backward 256 of 8
         run(family, 17, 5120, dtype=torch.float16)                 # tpr 320
         run(family, 21, 4616)                                      # fixed 320, lanes idle
@@ -66,10 +66,12 @@ def main() -> int:
         run(family, 9, 16384, residual=True, grad_weight=True)     # wide
         run(family, 5, 12000, dtype=torch.float32)                 # wide, fp32
         run(family, 7, 12288, residual=True)                       # wide, fixed 384
-        run(family, 1100, 64)                                      # 69 bands, last one partial
+        run(family, 1100, 64)                                      # fixed 4; 69 bands, last one partial
         run(family, 5000, 1024, residual=True)                     # RMSNorm's backward: 2 groups, ~8 steps
         run(family, 3000, 512, residual=True)                      # RMSNorm's backward: 4 groups of 64
         run(family, 700, 256, weight_fp32=True)                    # RMSNorm's backward: 8 groups of 32
+        run(family, 900, 128, residual=True)                       # fixed 8 (16 groups a forward CTA)
+        run(family, 200, 16, dtype=torch.float16)                  # fixed 1 (128 groups)
         run(family, 3, 16384, misaligned=True, residual=True)      # unaligned, wide
         run(family, 5, 8199, dtype=torch.float32)                  # unaligned fp32 (cp.async), wide
     torch.cuda.synchronize()

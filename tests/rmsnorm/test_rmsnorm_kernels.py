@@ -118,9 +118,10 @@ def _barriers(report: str) -> dict:
 def test_named_barriers_only_where_the_table_wants_them(reports, name, program):
     """Row sums meet at a named barrier per row group (a register barrier id, so ptxas reserves
     all 16) only in the backward's fixed-width rows wider than a warp with 4 or more row groups
-    a CTA (64, 96 and 128 threads); every other kernel reserves the CTA's one barrier, since the
-    reservation caps the CTAs an SM (RMSNorm's one-row forward fell to 59-84% of copy on the
-    H200 with it)."""
+    a CTA (64, 96 and 128 threads); every other kernel reserves at most the CTA's one barrier
+    (none where nothing meets at one: a forward of fixed rows of a warp or less, its weights
+    read through L1), since the reservation caps the CTAs an SM (RMSNorm's one-row forward fell
+    to 59-84% of copy on the H200 with it)."""
     source = (REPO / "csrc" / name / f"{program.library}_kernel.cu").read_text()
     cta = int(dict(_PARAM_RE.findall(source))["CAKE_BACKWARD_CTA_THREADS"])
     barriers = _barriers(reports[program.library])
@@ -129,4 +130,4 @@ def test_named_barriers_only_where_the_table_wants_them(reports, name, program):
         instance = _INSTANCE_RE.search(kernel)
         named = (instance is not None and instance.group(1) == "backward"
                  and int(instance.group(3)) > 32 and cta // int(instance.group(3)) >= 4)
-        assert count == (16 if named else 1), f"{kernel}: {count} barriers"
+        assert count == 16 if named else count <= 1, f"{kernel}: {count} barriers"

@@ -551,8 +551,9 @@ TUNE_VARIANTS = {
                                             "CAKE_BACKWARD_BANDS": 264},
     "bwd_reg_ept8_row256_cta512_bands528": {**NARROW_BACKWARD, "CAKE_BACKWARD_CTA_THREADS": 512},
     # Fixed-width rows for every multiple of 32 threads below 512 (96, 160, 224, 288, ...: D = 1536,
-    # 2560, 3584, 4608 at 16 elements a thread; both tables since 2026-12-03, so common32 repeats
-    # them), or only the multiples of 64 (the tables before).
+    # 2560, 3584, 4608 at 16 elements a thread) but not for the rows of a warp or less (D <= 512:
+    # the run-time width there; both tables from 2026-12-03 until 2026-12-04's value 3), or only
+    # the multiples of 64 (the tables before).
     "common32": {"CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2},
     "common64": {"CAKE_FORWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_COMMON_WIDTHS": 1},
     "ept8": {"CAKE_FORWARD_MIN_ELEMS_PER_THREAD": 8, "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 8},

@@ -71,6 +71,13 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # against value 1 (tools/bench/results/2026-12-03-h200-rmsnorm-common-widths-32-tune.json) at
 # D = 1536, 2560, 3584, 4608, RMSNorm's forward 1.05-1.16x, its backward 1.08-1.13x, the gated
 # forward 1.07-1.25x and the gated backward 1.04-1.43x; D = 2048 and 4096 level.
+# Value 3 also fixes the rows of a warp or less (1 to 32 threads: D <= 512 at 16 elements a thread,
+# the heads of 64, 128 and 256 that GDN's and KDA's gated output norm normalises), so that the
+# vector route compiles no run-time-width instance at all. In one H200 tune of 2026-12-04 against
+# value 2 at D = 64 .. 512 (tools/bench/results/2026-12-04-h200-rmsnorm-narrow-rows-tune.json) the
+# gated forward 1.012-1.027x (96.3-102.4% of copy); RMSNorm's forward (0.992-1.002x) and both
+# backwards (0.997-1.007x) level: D = 1024, whose instances are the same in both, moved by up to
+# 0.8%. Outputs bitwise the same (the 192 digests at those widths match the reference).
 # The widest instances (32 elements a thread: D > 8192, and RMSNorm's forward at 6145 .. 7168) fix
 # those widths too since 2026-12-03: against their run-time rows (RMSNorm's backward read 37.5-41.6%
 # of copy in them) in an H200 A/B at D = 10240, 12288 and 14336, RMSNorm's backward 1.63-1.84x, its
@@ -86,7 +93,7 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 TUNING = {"CAKE_FORWARD_STAGES": 2, "CAKE_BACKWARD_STAGES": 2, "CAKE_FORWARD_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_BACKWARD_MIN_ELEMS_PER_THREAD": 16,
           "CAKE_FORWARD_MAX_ROW_THREADS": 512, "CAKE_BACKWARD_MAX_ROW_THREADS": 512,
-          "CAKE_FORWARD_COMMON_WIDTHS": 2, "CAKE_BACKWARD_COMMON_WIDTHS": 2,
+          "CAKE_FORWARD_COMMON_WIDTHS": 3, "CAKE_BACKWARD_COMMON_WIDTHS": 3,
           "CAKE_FORWARD_CTA_THREADS": 512,
           "CAKE_BACKWARD_CTA_THREADS": 512, "CAKE_L2_PREFETCH": 0,
           "CAKE_FORWARD_WEIGHTS": 0, "CAKE_BACKWARD_WEIGHTS": 0, "CAKE_FORWARD_CTA_ROWS": 16,

@@ -104,9 +104,9 @@ enum DType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   kBackwardMaxRowThreads the same for the backward
 //   kColsMin, kColsMax   the program's band of D (its route): instances that serve no D in it
 //                        are not compiled (reachable_width)
-//   kForwardCommonWidths 0, 1 or 2: forward instances also fix the row groups of the multiples
-//                        of 64 between the powers of two (1), or of every multiple of 32 (2)
-//                        (has_fixed_instance)
+//   kForwardCommonWidths 0 to 3: forward instances also fix the row groups of the multiples
+//                        of 64 between the powers of two (1), or of every multiple of 32 (2),
+//                        and also those of a warp or less (3) (has_fixed_instance)
 //   kBackwardCommonWidths  the same for the backward
 //   kForwardCtaThreads   128, 256 or 512: threads a forward CTA aims for when a row needs fewer
 //   kBackwardCtaThreads  the same for the backward
@@ -147,8 +147,8 @@ __host__ __device__ constexpr bool valid_config() {
          Cfg::kBackwardStages <= kMaxStages && (Cfg::kForwardMinEpt == 8 || Cfg::kForwardMinEpt == 16) &&
          (Cfg::kBackwardMinEpt == 8 || Cfg::kBackwardMinEpt == 16) &&
          valid_max_row_threads(Cfg::kForwardMaxRowThreads) && valid_max_row_threads(Cfg::kBackwardMaxRowThreads) &&
-         Cfg::kForwardCommonWidths >= 0 && Cfg::kForwardCommonWidths <= 2 &&
-         Cfg::kBackwardCommonWidths >= 0 && Cfg::kBackwardCommonWidths <= 2 && Cfg::kColsMin >= 1 &&
+         Cfg::kForwardCommonWidths >= 0 && Cfg::kForwardCommonWidths <= 3 &&
+         Cfg::kBackwardCommonWidths >= 0 && Cfg::kBackwardCommonWidths <= 3 && Cfg::kColsMin >= 1 &&
          Cfg::kColsMin <= Cfg::kColsMax && Cfg::kColsMax <= kMaxCols &&
          valid_cta_threads(Cfg::kForwardCtaThreads) && valid_cta_threads(Cfg::kBackwardCtaThreads) &&
          (Cfg::kL2Prefetch == 0 || Cfg::kL2Prefetch == 128 || Cfg::kL2Prefetch == 256) &&
@@ -401,7 +401,7 @@ __host__ __device__ constexpr int row_groups(int tpr) {
 
 // A CTA's row layout: row groups of `tpr` threads (see the top of this file), `groups` of them
 // (row_groups), `threads` in all, and the calling thread's group and lane. An instance that
-// fixes kTpr (> 0: the common widths, multiples of 32, aligned route) has them at compile time, so
+// fixes kTpr (> 0: has_fixed_instance's widths, aligned route) has them at compile time, so
 // ring, row and column offsets fold into immediates; kTpr 0 takes tpr from the launch
 // parameters (any D).
 template <int kTpr, int kCtaThreads>
@@ -1637,11 +1637,13 @@ constexpr bool reachable_width(int ept, int tpr) {
 // the aligned route only, the powers of two from 64 threads, and with the direction's
 // common-widths knob the other multiples of 64 (1: D = 3072, 5120, 6144, 7168 at 16 elements a
 // thread, common model widths that the run-time instance read at 69-90% of copy on the H200) or
-// of 32 (2: also D = 1536, 2560, 3584, 4608, ...). Their ring, row and column offsets are
-// immediates.
+// of 32 (2: also D = 1536, 2560, 3584, 4608, ...), and (3) the row groups of a warp or less
+// (powers of two: D <= 512 at 16 elements a thread, e.g. a head's 64, 128 or 256). Their ring,
+// row and column offsets are immediates.
 constexpr bool has_fixed_instance(bool aligned, int tpr, int common_widths) {
-  return aligned && tpr >= 64 &&
-         ((tpr & (tpr - 1)) == 0 || (common_widths >= 1 && tpr % 64 == 0) || common_widths >= 2);
+  if (!aligned) return false;
+  if (tpr <= 32) return common_widths >= 3;
+  return (tpr & (tpr - 1)) == 0 || (common_widths >= 1 && tpr % 64 == 0) || common_widths >= 2;
 }
 
 // Whether some D of the program's band runs the direction's run-time-width instance (kTpr 0) at
@@ -1657,15 +1659,18 @@ constexpr bool reachable_any_width(int ept) {
   return false;
 }
 
-// Calls f(std::integral_constant<int, tpr>{}) for every row group wider than a warp: tpr = 64,
-// 96, ..., kMaxCtaThreads.
-template <typename F, int... kSteps>
-inline void for_each_wide_row(F&& f, std::integer_sequence<int, kSteps...>) {
+// Calls f(std::integral_constant<int, tpr>{}) for every width threads_per_row gives: tpr = 1,
+// 2, 4, ..., 32, then 64, 96, ..., kMaxCtaThreads.
+template <typename F, int... kPowers, int... kSteps>
+inline void for_each_row_width(F&& f, std::integer_sequence<int, kPowers...>,
+                               std::integer_sequence<int, kSteps...>) {
+  (f(std::integral_constant<int, 1 << kPowers>{}), ...);
   (f(std::integral_constant<int, 64 + 32 * kSteps>{}), ...);
 }
 template <typename F>
-inline void for_each_wide_row(F&& f) {
-  for_each_wide_row(f, std::make_integer_sequence<int, (kMaxCtaThreads - 64) / 32 + 1>{});
+inline void for_each_row_width(F&& f) {
+  for_each_row_width(f, std::make_integer_sequence<int, 6>{},
+                     std::make_integer_sequence<int, (kMaxCtaThreads - 64) / 32 + 1>{});
 }
 
 // Calls f(Instance<ept, tpr>{}) for the instance serving `cols` in a direction (its Widths): the
@@ -1684,7 +1689,7 @@ inline cudaError_t with_instance(int cols, F&& f) {
     constexpr int kEpt = decltype(width_of_ept)::value;
     cudaError_t status = cudaErrorInvalidConfiguration;  // stays only if the band analysis missed cols
     bool launched = false;
-    for_each_wide_row([&](auto width) {
+    for_each_row_width([&](auto width) {
       constexpr int kTpr = decltype(width)::value;
       if constexpr (has_fixed_instance(kAligned, kTpr, W::kCommonWidths) &&
                     reachable_width<Cfg, kBackward>(kEpt, kTpr)) {
