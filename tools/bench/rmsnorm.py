@@ -3,7 +3,7 @@
 
 Usage (from the repository root, on a GPU machine; fla-core and liger-kernel wheels in .whl/)::
 
-    PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small] [--profile]
+    PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small] [--ops fwd,...] [--profile]
     PYTHONPATH=. python tools/bench/rmsnorm.py --precompile   # JIT both families in parallel
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
     PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
@@ -69,6 +69,7 @@ SMALL = [(65536, 2048), (65536, 8192)]
 GAP_SHAPES = [(65536, 2048), (262144, 8192)]  # --eager-gap's default
 PARTIAL_ROWS = 1024
 EPS = 1e-6
+OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 WARMUP = 3
 
 
@@ -225,11 +226,12 @@ def fastest_peer_ms(timings: dict):
 
 
 def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None, *,
-        profile: bool = False):
+        profile: bool = False, ops=OPS):
     """The peer timings: every call twice, event-timed as a user calls it ("ms": its host path
     shows where the flush does not cover it) and with its host path hidden ("kernels ms",
     ``Bench.interleaved(hide_host=True)``). With ``profile``, each op's calls are also traced
-    (``Bench.device_breakdown``): every row gets its device time and the idle time before it."""
+    (``Bench.device_breakdown``): every row gets its device time and the idle time before it.
+    Only the ``ops`` named are timed (a backward's forward still runs, untimed, to build its graph)."""
     import torch
     import torch.nn.functional as F
 
@@ -250,38 +252,29 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
         replays, _, buffers = graphed(t, d, x, g, w, dy)
         for label, fns, inputs, (fwd_graph, bwd_graph) in (
                 ("fwd", plain, (x, w), replays[:2]), ("gated fwd", gated, (x, g, w), replays[2:])):
+            bwd_label = label.replace("fwd", "bwd")
+            if label not in ops and bwd_label not in ops:
+                continue
             fwd_bytes = op_bytes(label, t, d)
-            bwd_bytes = op_bytes(label.replace("fwd", "bwd"), t, d)
+            bwd_bytes = op_bytes(bwd_label, t, d)
             drop_failing_peers(fns, f"{label} {t}x{d}")
             with torch.no_grad():
                 agreement = check_agreement({n: f() for n, f in fns.items()})
-            before = torch.cuda.memory_stats()
             fwd_fns = dict({n: (lambda f=f: f()) for n, f in fns.items()}, **{"cake graph": fwd_graph})
-            timings = bench.interleaved(fwd_fns, iters=iters, warmup=WARMUP)
-            fwd_kernels = bench.interleaved(fwd_fns, iters=iters, warmup=0, hide_host=True)
-            print(f"T={t} D={d} {label}: allocator during the timing: " + allocator_events(before),
-                  flush=True)
-            graphs = {n: f() for n, f in fns.items()}
-            grads = {}
-            for n, y in graphs.items():
-                # Liger's backward writes dx into dy (in place): it gets its own copy.
-                upstream = dy.clone() if n == "liger" else dy
-                # allow_unused: Liger's module holds its own weight (a copy of w).
-                grads[n] = (lambda y=y, u=upstream: torch.autograd.grad(
-                    y, inputs, u, retain_graph=True, allow_unused=True))
-            with torch.no_grad():
-                dx_agree = check_agreement({n: f()[0] for n, f in grads.items()})
-            before = torch.cuda.memory_stats()
-            bwd_fns = dict(grads, **{"cake graph": bwd_graph})
-            bwd = bench.interleaved(bwd_fns, iters=iters, warmup=WARMUP)
-            bwd_kernels = bench.interleaved(bwd_fns, iters=iters, warmup=0, hide_host=True)
-            print(f"T={t} D={d} {label.replace('fwd', 'bwd')}: allocator during the timing: "
-                  + allocator_events(before), flush=True)
-            traced = {phase: bench.device_breakdown(calls) if profile else {}
-                      for phase, calls in ((label, fwd_fns), (label.replace("fwd", "bwd"), bwd_fns))}
-            for phase, times, hidden, nbytes, agree in (
-                    (label, timings, fwd_kernels, fwd_bytes, agreement),
-                    (label.replace("fwd", "bwd"), bwd, bwd_kernels, bwd_bytes, dx_agree)):
+            timed = []  # (phase, calls, eager timings, kernels timings, bytes, agreement)
+            if label in ops:
+                timed.append((label, fwd_fns, *time_calls(bench, fwd_fns, iters, f"T={t} D={d} {label}"),
+                              fwd_bytes, agreement))
+            if bwd_label in ops:
+                grads = backward_calls(fns, inputs, dy)
+                with torch.no_grad():
+                    dx_agree = check_agreement({n: f()[0] for n, f in grads.items()})
+                bwd_fns = dict(grads, **{"cake graph": bwd_graph})
+                timed.append((bwd_label, bwd_fns,
+                              *time_calls(bench, bwd_fns, iters, f"T={t} D={d} {bwd_label}"),
+                              bwd_bytes, dx_agree))
+            for phase, calls, times, hidden, nbytes, agree in timed:
+                split_by_name = bench.device_breakdown(calls) if profile else {}
                 for name, timing in times.items():
                     rows.append({
                         "T": t, "D": d, "op": phase, "impl": name, "ms": timing.median,
@@ -291,7 +284,7 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
                         "kernels ms": hidden[name].median, "kernels spread": hidden[name].spread,
                         "kernels flushes": hidden[name].flushes,
                         "max rel diff vs cake": agree.get(name, 0.0)})
-                    split = traced[phase].get(name)
+                    split = split_by_name.get(name)
                     if split:
                         rows[-1].update({"device us": split["device_us"], "idle us": split["idle_us"]})
                         print(f"T={t} D={d} {phase:9s} {name}: event {timing.median * 1e3:.1f} us, "
@@ -308,11 +301,38 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
                       f"({harness.percent_of_roofline(nbytes, kernels_ms, bandwidth):.1f}%)"
                       + (f", best peer {best_peer:.3f} ms, kernels {best_kernels:.3f} ms"
                          if best_peer else ""), flush=True)
-            del graphs, grads
+            del timed  # the backward calls hold their forward graphs
         del x, g, w, dy, plain, gated, replays, buffers
         torch.cuda.empty_cache()
         on_shape(rows)
     return rows
+
+
+def backward_calls(forwards: dict, inputs: tuple, dy) -> dict:
+    """name -> the autograd backward (``torch.autograd.grad`` of dy, graph retained) of one
+    call of that peer's forward, made here."""
+    import torch
+
+    grads = {}
+    for name, forward in forwards.items():
+        y = forward()
+        # Liger's backward writes dx into dy (in place): it gets its own copy.
+        upstream = dy.clone() if name == "liger" else dy
+        # allow_unused: Liger's module holds its own weight (a copy of w).
+        grads[name] = (lambda y=y, u=upstream: torch.autograd.grad(
+            y, inputs, u, retain_graph=True, allow_unused=True))
+    return grads
+
+
+def time_calls(bench, calls: dict, iters: int, where: str) -> tuple:
+    """(eager timings, kernels timings) of ``calls`` timed together (see :func:`run`)."""
+    import torch
+
+    before = torch.cuda.memory_stats()
+    eager = bench.interleaved(calls, iters=iters, warmup=WARMUP)
+    kernels = bench.interleaved(calls, iters=iters, warmup=0, hide_host=True)
+    print(f"{where}: allocator during the timing: " + allocator_events(before), flush=True)
+    return eager, kernels
 
 
 def call_once(shapes, only: set) -> None:
@@ -631,7 +651,6 @@ TUNE_VARIANTS = {
     "bwd_runtime_widths": {"CAKE_BACKWARD_COMMON_WIDTHS": 0},
     "bwd_common_widths_bands792": {"CAKE_BACKWARD_COMMON_WIDTHS": 1, "CAKE_BACKWARD_BANDS": 792},
 }
-TUNE_OPS = ("fwd", "bwd", "gated fwd", "gated bwd")
 
 
 def tune_band(cols: int) -> tuple:
@@ -845,7 +864,7 @@ def run_tune(shapes, variants: dict, iters: int, bench: harness.Bench, bandwidth
         programs = by_band[tune_band(d)]
         case = TuneCase(t, d, programs)
         checks = check_variants(case, programs)
-        for op in TUNE_OPS:
+        for op in OPS:
             key = "gated" if op.startswith("gated") else "plain"
             nbytes = op_bytes(op, t, d)
             runnable = {name: case.call(pair[key], op) for name, pair in programs.items()
@@ -935,7 +954,7 @@ def tune_tables(rows: list, bandwidth: float) -> str:
     shapes = sorted({(r["T"], r["D"]) for r in rows})
     previous = previous_ms()
     lines = []
-    for op in TUNE_OPS:
+    for op in OPS:
         cells = {(r["variant"], r["T"], r["D"]): r for r in rows if r["op"] == op}
         names = list(dict.fromkeys(r["variant"] for r in rows if r["op"] == op))
         best = {s: max((c for (n, *k), c in cells.items() if tuple(k) == s and n not in REFERENCES),
@@ -986,6 +1005,9 @@ def main(argv=None) -> int:
                              "then the host cost per call in the same process; --tune: each "
                              "call's kernels and the gaps between them")
     parser.add_argument("--variants", help="--tune: a comma-separated subset of TUNE_VARIANTS")
+    parser.add_argument("--ops", default=",".join(OPS),
+                        help="peers: a comma-separated subset of the ops timed (default all: "
+                             + ", ".join(OPS) + ")")
     parser.add_argument("--table", type=Path, metavar="JSON",
                         help="print the peer table of a run's --json file, then exit")
     args = parser.parse_args(argv)
@@ -1036,7 +1058,10 @@ def main(argv=None) -> int:
                         save_tune, profile=args.profile)
         print(tune_tables(rows, bandwidth))
         return 0
-    rows = run(shapes, args.iters, bench, bandwidth, save, profile=args.profile)
+    ops = tuple(op.strip() for op in args.ops.split(","))
+    if set(ops) - set(OPS):
+        parser.error(f"unknown ops {sorted(set(ops) - set(OPS))}; known: {', '.join(OPS)}")
+    rows = run(shapes, args.iters, bench, bandwidth, save, profile=args.profile, ops=ops)
     print(harness.format_table(rows, ["T", "D", "op", "impl", "ms", "TB/s", "% copy", "spread",
                                       "kernels ms", "kernels flushes", "max rel diff vs cake"]
                                + (["device us", "idle us"] if args.profile else [])))
