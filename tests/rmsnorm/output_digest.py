@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from launch_model import MIN_ROWS_PER_BAND  # noqa: E402
 from rmsnorm_families import (DTYPES, EARLIER_DIMS, FAMILIES, LATER_DIMS, LATER_WIDEST_DIMS,  # noqa: E402
-                             NARROW_DIMS, WIDEST_DIMS, case_rows)
+                             NARROW_DIMS, SUBWARP_DIMS, WIDEST_DIMS, case_rows)
 
 
 # Rows past the fewest a band takes at every family's band count, where the bands set the rows
@@ -81,6 +81,7 @@ def cases():
     yield from row_cases(WIDEST_DIMS)
     yield from row_cases(LATER_WIDEST_DIMS)
     yield from row_cases(NARROW_DIMS)
+    yield from row_cases(SUBWARP_DIMS)
 
 
 def row_cases(dims):

@@ -25,7 +25,8 @@ from cake.cake_rmsnorm_det_train import reference as plain_ref
 # 127, 8199) and the widest rows; the fixed-width instances (row groups of 64, 128, 256, 512
 # threads, and 192, 320, 384, 448 in both directions) full (1024 .. 8192, 16384) and with their last
 # lanes idle (1000, 1600, 2600, 3840, 4616, 6664, 7744: 63, 100, 163, 240, 289, 417 and 484
-# threads of work at 16 elements a thread).
+# threads of work at 16 elements a thread); 64 and 128 are fixed rows of 4 and 8 threads too
+# (SUBWARP_DIMS below).
 EARLIER_DIMS = [1, 7, 64, 127, 128, 1000, 1024, 1600, 2048, 2056, 2600, 3072, 3584, 3592, 3840, 4096,
                 4104, 4616, 5120, 6144, 6664, 7168, 7744, 8192, 8199, 8200, 16384]
 # The rows of the other multiples of 32 threads (96, 160, 224, 288, 352, 416, 480 at 16 elements
@@ -45,7 +46,11 @@ LATER_WIDEST_DIMS = [10240, 11264, 13312, 14336, 15360]
 # idle, 512: four groups at named barriers) and 96 (768: two groups, a 192-thread CTA). The digest
 # takes them last.
 NARROW_DIMS = [16, 256, 392, 512, 768]
-_ALL_DIMS = EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS + LATER_WIDEST_DIMS + NARROW_DIMS
+# The fixed rows of a warp or less (CAKE_*_COMMON_WIDTHS 3: 1 to 32 threads, D <= 512 at 16
+# elements a thread) that the widths above leave out: 1 thread (8) and 2 (24, 32) at 16 elements,
+# 1 (8) and 4 (24, 32) in RMSNorm's 16-bit backward at 8. The digest takes them last.
+SUBWARP_DIMS = [8, 24, 32]
+_ALL_DIMS = EARLIER_DIMS + LATER_DIMS + WIDEST_DIMS + LATER_WIDEST_DIMS + NARROW_DIMS + SUBWARP_DIMS
 assert len(set(_ALL_DIMS)) == len(_ALL_DIMS), "a width in two lists would repeat its cases"
 DIMS = sorted(_ALL_DIMS)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]

@@ -72,6 +72,7 @@ def main() -> int:
         run(family, 700, 256, weight_fp32=True)                    # RMSNorm's backward: 8 groups of 32
         run(family, 900, 128, residual=True)                       # fixed 8 (16 groups a forward CTA)
         run(family, 200, 16, dtype=torch.float16)                  # fixed 1 (128 groups)
+        run(family, 500, 24, residual=True)                        # fixed 2; RMSNorm's backward 4 of 8
         run(family, 3, 16384, misaligned=True, residual=True)      # unaligned, wide
         run(family, 5, 8199, dtype=torch.float32)                  # unaligned fp32 (cp.async), wide
     torch.cuda.synchronize()

@@ -3,7 +3,8 @@
 
 Usage (from the repository root, on a GPU machine; fla-core and liger-kernel wheels in .whl/)::
 
-    PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small] [--ops fwd,...] [--profile]
+    PYTHONPATH=. python tools/bench/rmsnorm.py [--json out.json] [--iters 20] [--shapes all|small]
+        [--ops fwd,bwd,...] [--profile]
     PYTHONPATH=. python tools/bench/rmsnorm.py --precompile   # JIT both families in parallel
     PYTHONPATH=. python tools/bench/rmsnorm.py --tune --json tune.json [--variants a,b] [--iters 15]
     PYTHONPATH=. python tools/bench/rmsnorm.py --eager-gap [--shapes T:D,...]   # eager vs graph
@@ -250,61 +251,83 @@ def run(shapes, iters: int, bench, bandwidth: float, on_shape=lambda rows: None,
         (x, g, w), plain, gated = forwards(t, d, peers, compiled)
         dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
         replays, _, buffers = graphed(t, d, x, g, w, dy)
-        for label, fns, inputs, (fwd_graph, bwd_graph) in (
+        for label, fns, inputs, graph_replays in (
                 ("fwd", plain, (x, w), replays[:2]), ("gated fwd", gated, (x, g, w), replays[2:])):
-            bwd_label = label.replace("fwd", "bwd")
-            if label not in ops and bwd_label not in ops:
-                continue
-            fwd_bytes = op_bytes(label, t, d)
-            bwd_bytes = op_bytes(bwd_label, t, d)
-            drop_failing_peers(fns, f"{label} {t}x{d}")
-            with torch.no_grad():
-                agreement = check_agreement({n: f() for n, f in fns.items()})
-            fwd_fns = dict({n: (lambda f=f: f()) for n, f in fns.items()}, **{"cake graph": fwd_graph})
-            timed = []  # (phase, calls, eager timings, kernels timings, bytes, agreement)
-            if label in ops:
-                timed.append((label, fwd_fns, *time_calls(bench, fwd_fns, iters, f"T={t} D={d} {label}"),
-                              fwd_bytes, agreement))
-            if bwd_label in ops:
-                grads = backward_calls(fns, inputs, dy)
-                with torch.no_grad():
-                    dx_agree = check_agreement({n: f()[0] for n, f in grads.items()})
-                bwd_fns = dict(grads, **{"cake graph": bwd_graph})
-                timed.append((bwd_label, bwd_fns,
-                              *time_calls(bench, bwd_fns, iters, f"T={t} D={d} {bwd_label}"),
-                              bwd_bytes, dx_agree))
-            for phase, calls, times, hidden, nbytes, agree in timed:
-                split_by_name = bench.device_breakdown(calls) if profile else {}
-                for name, timing in times.items():
-                    rows.append({
-                        "T": t, "D": d, "op": phase, "impl": name, "ms": timing.median,
-                        "spread": timing.spread,
-                        "TB/s": nbytes / (timing.median * 1e-3) / 1e12,
-                        "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth),
-                        "kernels ms": hidden[name].median, "kernels spread": hidden[name].spread,
-                        "kernels flushes": hidden[name].flushes,
-                        "max rel diff vs cake": agree.get(name, 0.0)})
-                    split = split_by_name.get(name)
-                    if split:
-                        rows[-1].update({"device us": split["device_us"], "idle us": split["idle_us"]})
-                        print(f"T={t} D={d} {phase:9s} {name}: event {timing.median * 1e3:.1f} us, "
-                              f"device {split['device_us']:.1f} us in {split['kernels']:.0f} ops, "
-                              f"idle before {split['idle_us']:.1f} us", flush=True)
-                best_peer, best_kernels = fastest_peer_ms(times), fastest_peer_ms(hidden)
-                cake_ms, graph_ms = times["cake"].median, times["cake graph"].median
-                kernels_ms = hidden["cake"].median
-                print(f"T={t} D={d} {phase:9s} cake {cake_ms:.3f} ms "
-                      f"({harness.percent_of_roofline(nbytes, cake_ms, bandwidth):.1f}% of copy), "
-                      f"graph {graph_ms:.3f} ms "
-                      f"({harness.percent_of_roofline(nbytes, graph_ms, bandwidth):.1f}%), "
-                      f"kernels {kernels_ms:.3f} ms "
-                      f"({harness.percent_of_roofline(nbytes, kernels_ms, bandwidth):.1f}%)"
-                      + (f", best peer {best_peer:.3f} ms, kernels {best_kernels:.3f} ms"
-                         if best_peer else ""), flush=True)
-            del timed  # the backward calls hold their forward graphs
+            # In a function of its own: the backward calls, which hold their forward graphs, go
+            # when it returns.
+            rows += time_label(bench, label, fns, inputs, graph_replays, dy, (t, d), ops=ops,
+                               iters=iters, bandwidth=bandwidth, profile=profile)
         del x, g, w, dy, plain, gated, replays, buffers
         torch.cuda.empty_cache()
         on_shape(rows)
+    return rows
+
+
+def time_label(bench, label: str, fns: dict, inputs: tuple, graph_replays: tuple, dy, shape: tuple,
+               *, ops, iters: int, bandwidth: float, profile: bool) -> list:
+    """The rows of one forward (``label``: "fwd" or "gated fwd") and its backward at one shape,
+    each timed only if named in ``ops``: ``fns`` are the peers' forwards, ``graph_replays`` cake's
+    (forward, backward) graph replays (see :func:`run`)."""
+    import torch
+
+    t, d = shape
+    bwd_label = label.replace("fwd", "bwd")
+    if label not in ops and bwd_label not in ops:
+        return []
+    drop_failing_peers(fns, f"{label} {t}x{d}")
+    with torch.no_grad():
+        agreement = check_agreement({n: f() for n, f in fns.items()})
+    timed = []  # (phase, calls, eager timings, kernels timings, agreement)
+    if label in ops:
+        calls = dict({n: (lambda f=f: f()) for n, f in fns.items()}, **{"cake graph": graph_replays[0]})
+        timed.append((label, calls, *time_calls(bench, calls, iters, f"T={t} D={d} {label}"), agreement))
+    if bwd_label in ops:
+        grads = backward_calls(fns, inputs, dy)
+        with torch.no_grad():
+            dx_agreement = check_agreement({n: f()[0] for n, f in grads.items()})
+        calls = dict(grads, **{"cake graph": graph_replays[1]})
+        timed.append((bwd_label, calls, *time_calls(bench, calls, iters, f"T={t} D={d} {bwd_label}"),
+                      dx_agreement))
+    rows = []
+    for phase, calls, times, hidden, agree in timed:
+        rows += phase_rows(phase, shape, times, hidden, agree,
+                           bench.device_breakdown(calls) if profile else {}, bandwidth)
+    return rows
+
+
+def phase_rows(phase: str, shape: tuple, times: dict, hidden: dict, agree: dict, splits: dict,
+               bandwidth: float) -> list:
+    """One op's rows (eager and kernels timings, ``splits``: its traced device times by name, if
+    any), printed as they are made."""
+    t, d = shape
+    nbytes = op_bytes(phase, t, d)
+    rows = []
+    for name, timing in times.items():
+        rows.append({
+            "T": t, "D": d, "op": phase, "impl": name, "ms": timing.median,
+            "spread": timing.spread,
+            "TB/s": nbytes / (timing.median * 1e-3) / 1e12,
+            "% copy": harness.percent_of_roofline(nbytes, timing.median, bandwidth),
+            "kernels ms": hidden[name].median, "kernels spread": hidden[name].spread,
+            "kernels flushes": hidden[name].flushes,
+            "max rel diff vs cake": agree.get(name, 0.0)})
+        split = splits.get(name)
+        if split:
+            rows[-1].update({"device us": split["device_us"], "idle us": split["idle_us"]})
+            print(f"T={t} D={d} {phase:9s} {name}: event {timing.median * 1e3:.1f} us, "
+                  f"device {split['device_us']:.1f} us in {split['kernels']:.0f} ops, "
+                  f"idle before {split['idle_us']:.1f} us", flush=True)
+    best_peer, best_kernels = fastest_peer_ms(times), fastest_peer_ms(hidden)
+    cake_ms, graph_ms = times["cake"].median, times["cake graph"].median
+    kernels_ms = hidden["cake"].median
+    print(f"T={t} D={d} {phase:9s} cake {cake_ms:.3f} ms "
+          f"({harness.percent_of_roofline(nbytes, cake_ms, bandwidth):.1f}% of copy), "
+          f"graph {graph_ms:.3f} ms "
+          f"({harness.percent_of_roofline(nbytes, graph_ms, bandwidth):.1f}%), "
+          f"kernels {kernels_ms:.3f} ms "
+          f"({harness.percent_of_roofline(nbytes, kernels_ms, bandwidth):.1f}%)"
+          + (f", best peer {best_peer:.3f} ms, kernels {best_kernels:.3f} ms"
+             if best_peer else ""), flush=True)
     return rows
 
 
@@ -1011,6 +1034,9 @@ def main(argv=None) -> int:
     parser.add_argument("--table", type=Path, metavar="JSON",
                         help="print the peer table of a run's --json file, then exit")
     args = parser.parse_args(argv)
+    ops = tuple(op.strip() for op in args.ops.split(","))
+    if set(ops) - set(OPS):
+        parser.error(f"unknown ops {sorted(set(ops) - set(OPS))}; known: {', '.join(OPS)}")
     if args.table:
         import json
 
@@ -1058,9 +1084,6 @@ def main(argv=None) -> int:
                         save_tune, profile=args.profile)
         print(tune_tables(rows, bandwidth))
         return 0
-    ops = tuple(op.strip() for op in args.ops.split(","))
-    if set(ops) - set(OPS):
-        parser.error(f"unknown ops {sorted(set(ops) - set(OPS))}; known: {', '.join(OPS)}")
     rows = run(shapes, args.iters, bench, bandwidth, save, profile=args.profile, ops=ops)
     print(harness.format_table(rows, ["T", "D", "op", "impl", "ms", "TB/s", "% copy", "spread",
                                       "kernels ms", "kernels flushes", "max rel diff vs cake"]

@@ -23,7 +23,8 @@
 // row groups of 64 to 512 threads that a direction reaches in the program's band of D (e.g.
 // D = 1024 .. 8192 at 16 elements a thread, 16384 at 32), and with the direction's
 // common-widths knob the multiples of 64 (or of 32) between them (e.g. D = 3072, 5120, 6144,
-// 7168; 1536, 2560, 3584, 4608 at 16 elements a thread), get instances with that width fixed
+// 7168; 1536, 2560, 3584, 4608 at 16 elements a thread) and the row groups of a warp or less
+// (D <= 512 at 16), get instances with that width fixed
 // at compile time (Shape, with_instance), whose ring, row and column offsets are immediates:
 // the row loop then spends its instructions on the data. Only the instances that serve some D
 // of the program's band are compiled. Fewer threads a row with more
@@ -1669,7 +1670,7 @@ inline void for_each_row_width(F&& f, std::integer_sequence<int, kPowers...>,
 }
 template <typename F>
 inline void for_each_row_width(F&& f) {
-  for_each_row_width(f, std::make_integer_sequence<int, 6>{},
+  for_each_row_width(f, std::make_integer_sequence<int, 6>{},  // 1 << 0 .. 1 << 5: up to a warp
                      std::make_integer_sequence<int, (kMaxCtaThreads - 64) / 32 + 1>{});
 }
 
@@ -1677,8 +1678,8 @@ inline void for_each_row_width(F&& f) {
 // fixed width of its row groups where they have
 // one (has_fixed_instance), else the run-time-width instance. Only the instances that serve some
 // D of the program's band are compiled (e.g. at 16 elements a thread and 512 threads a row,
-// D = 1024 .. 8192 take the fixed widths from 64 to 512 threads; at 32, D = 8193 .. 16384 those
-// from 288 to 512).
+// D = 1 .. 8192 take the fixed widths from 1 to 512 threads with the common-widths knob at 3; at
+// 32, D = 8193 .. 16384 those from 288 to 512).
 template <class Cfg, bool kBackward, bool kAligned, typename F>
 inline cudaError_t with_instance(int cols, F&& f) {
   using W = Widths<Cfg, kBackward>;

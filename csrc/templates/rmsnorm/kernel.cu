@@ -92,7 +92,8 @@ static_assert(cake::rmsnorm::valid_config<Config>(),
 
 // CTAs an SM in each instance's launch bound: the knob's, except for the widest staged instances
 // (32 elements a thread), which need up to 128 registers a thread: one CTA; and the forward's
-// any-width instances (kTpr 0), whose run-time row shape takes more registers than the fixed
+// any-width instances (kTpr 0: the unaligned route's, and the aligned route's in tune variants
+// below CAKE_FORWARD_COMMON_WIDTHS 3), whose run-time row shape takes more registers than the fixed
 // widths: at most 3 (40 registers; RMSNorm's registers path spills at 32), 2 in the gated family
 // (64; with the gate's packs it spills 88-96 bytes at 40). The forward's widest instances on the
 // registers path (one row a CTA) keep the knob's bound: RMSNorm's 224-thread rows of 32 elements
