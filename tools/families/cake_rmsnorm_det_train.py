@@ -77,7 +77,7 @@ TEMPLATES = {"kernel": "csrc/templates/rmsnorm/kernel.cu",
 # value 2 at D = 64 .. 512 (tools/bench/results/2026-12-04-h200-rmsnorm-narrow-rows-tune.json) the
 # gated forward 1.012-1.027x (96.3-102.4% of copy); RMSNorm's forward (0.992-1.002x) and both
 # backwards (0.997-1.007x) level: D = 1024, whose instances are the same in both, moved by up to
-# 0.8%. Outputs bitwise the same (the 192 digests at those widths match the reference).
+# 0.8%. Outputs bitwise the same (the 192 digests at D = 16 .. 1000 match the reference).
 # The widest instances (32 elements a thread: D > 8192, and RMSNorm's forward at 6145 .. 7168) fix
 # those widths too since 2026-12-03: against their run-time rows (RMSNorm's backward read 37.5-41.6%
 # of copy in them) in an H200 A/B at D = 10240, 12288 and 14336, RMSNorm's backward 1.63-1.84x, its
