@@ -54,12 +54,8 @@ def cake_gated_rmsnorm_det_train_forward(
         >>> w = torch.rand(2048, device="cuda", dtype=torch.float32)
         >>> y, _, rstd = cake_gated_rmsnorm_det_train_forward(x, g, w)
     """
-    plan = _PROGRAMS.forward_plan(x=x, gate=g, weight=weight, residual=residual, eps=eps,
-                                  weight_offset=weight_offset, out=out, residual_out=residual_out,
-                                  rstd=rstd)
-    return _PROGRAMS.forward(plan, x=x, gate=g, weight=weight, residual=residual, eps=eps,
-                             weight_offset=weight_offset, out=out, residual_out=residual_out,
-                             rstd=rstd)
+    return _PROGRAMS.forward_helper(x, g, weight, residual, eps, weight_offset, out,
+                                    residual_out, rstd)
 
 
 def cake_gated_rmsnorm_det_train_backward(

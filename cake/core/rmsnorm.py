@@ -13,9 +13,10 @@ Argument layouts of the C entries (``csrc/include/cake/rmsnorm_binding.cuh``):
 * workspace_bytes: rows, cols, address of a host int64.
 
 Host path (as in ``core.host``): a call's signature, with whether its row tensors are 16-byte
-aligned, keys a memo of its :class:`host.Plan`; a call whose signature was seen before runs
-only the ``recheck_*`` checks (overlap, the workspace's address) and one entry call, and the
-autograd backward reuses the forward's plan.
+aligned, keys a memo of its :class:`host.Plan` (in the forward, of its :class:`ForwardCall`,
+which also holds the entry arguments the signature fixes); a call whose signature was seen
+before runs only the ``recheck_*`` checks (overlap, the workspace's address) and one entry
+call, and the autograd backward reuses the forward's plan.
 
 Vendoring copies ``core`` verbatim: only relative imports, torch imported here directly.
 """
@@ -63,9 +64,13 @@ class Problem:
         return {"dtype": host.dtype_name(self.dtype), "load": "vector" if self.vector else "scalar"}
 
 
+_FP32 = struct.Struct("<f")
+_INT32 = struct.Struct("<i")
+
+
 def fp32_bits(value: float) -> int:
     """The bit pattern of ``value`` rounded to fp32, as the entries take float arguments."""
-    return int.from_bytes(struct.pack("<f", value), "little", signed=True)
+    return _INT32.unpack(_FP32.pack(value))[0]
 
 
 def _check_number(name: str, value: object, *, positive: bool) -> float:
@@ -233,6 +238,43 @@ def upstream_gradients(s, dy, dsum, has_residual: bool) -> tuple:
     return dy, dsum
 
 
+def _forward_key(x, gate, weight, residual, eps, weight_offset, out, residual_out, rstd) -> tuple:
+    """What ``host.signature`` of a forward call's arguments gives, and whether its row tensors
+    are 16-byte aligned, in one flat tuple: x and the weight written out, the optional tensors
+    through ``host.signature`` only when one is given. Every eager call computes it, and the
+    generic loop over all nine arguments took three times as long."""
+    rest = (None if residual is None and out is None and residual_out is None and rstd is None
+            else host.signature(residual, out, residual_out, rstd))
+    return (type(x), x.dtype, x.device, x.shape, x.is_contiguous(),
+            type(weight), weight.dtype, weight.device, weight.shape, weight.is_contiguous(),
+            None if gate is None else host.signature(gate), type(eps), eps,
+            type(weight_offset), weight_offset, rest,
+            host.aligned(x, gate, residual, out, residual_out) if rest is not None
+            else not (x.data_ptr() | (0 if gate is None else gate.data_ptr())) % VECTOR_BYTES)
+
+
+class ForwardCall:
+    """A validated forward call signature, resolved once: its plan, the forward entry, and the
+    entry arguments that the signature fixes (rows, cols, the weight's dtype flag, eps's fp32
+    bits; weight_offset's are taken per call, since 0.0 and -0.0 share a signature) and the shape
+    of rstd."""
+
+    __slots__ = ("plan", "device", "entry", "rows", "cols", "weight_fp32", "eps_bits",
+                 "rstd_shape")
+
+    def __init__(self, plan: host.Plan, x: torch.Tensor, eps: float):
+        problem = plan.problem
+        self.plan = plan
+        self.device = plan.device
+        self.entry = plan.forward
+        self.rows = problem.rows
+        self.cols = problem.cols
+        self.weight_fp32 = int(problem.weight_fp32)
+        self.eps_bits = fp32_bits(eps)
+        # (rows,) for 2-D x; an int size allocates faster than a Size.
+        self.rstd_shape = problem.rows if x.dim() == 2 else x.shape[:-1]
+
+
 class Programs:
     """The programs of one RMSNorm family package (``gated`` or not): validated, memoised
     plans per call signature, and the calls that allocate outputs and launch.
@@ -246,12 +288,12 @@ class Programs:
         self._package_file = package_file
         self._gated = gated
         self.plan = host.Plans(package_file, select, lambda problem: (problem.rows, problem.cols))
-        self._forward_plans = host.Memo()
+        self._forward_calls = host.Memo()
         self._backward_plans = host.Memo()
 
     def clear(self) -> None:
         """Forgets every plan (the next call of each signature is validated and routed again)."""
-        for memo in (self.plan, self._forward_plans, self._backward_plans):
+        for memo in (self.plan, self._forward_calls, self._backward_plans):
             memo.clear()
 
     def supported(self, device: Optional[torch.device | int], dtype: torch.dtype) -> bool:
@@ -267,20 +309,27 @@ class Programs:
 
     # ----------------------------------------------------------------------- plans
 
-    def forward_plan(self, *, x, gate, weight, residual, eps, weight_offset, out=None,
-                     residual_out=None, rstd=None) -> host.Plan:
+    def forward_call(self, x, gate, weight, residual, eps, weight_offset, out=None,
+                     residual_out=None, rstd=None) -> ForwardCall:
+        """The :class:`ForwardCall` of a forward call's signature: validated and routed on its
+        first call, then looked up (with the overlap checks that outputs given need)."""
         # No closures here: their cells would be made on every call (see host.Memo).
-        key = host.signature(x, gate, weight, residual, out, residual_out, rstd, eps,
-                             weight_offset, host.aligned(x, gate, residual, out, residual_out))
-        plan = self._forward_plans.get(key)
-        if plan is None:
-            return self._forward_plans.put(key, self.plan(validate_forward(
-                x=x, gate=gate, weight=weight, residual=residual, eps=eps,
-                weight_offset=weight_offset, gated=self._gated, out=out,
-                residual_out=residual_out, rstd=rstd)))
-        recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
-                        residual_out=residual_out, rstd=rstd)
-        return plan
+        try:
+            key = _forward_key(x, gate, weight, residual, eps, weight_offset, out, residual_out,
+                               rstd)
+        except (AttributeError, TypeError):  # not tensors: the validation below says which
+            key = None
+        call = self._forward_calls.get(key)
+        if call is None:
+            problem = validate_forward(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
+                                       weight_offset=weight_offset, gated=self._gated, out=out,
+                                       residual_out=residual_out, rstd=rstd)
+            call = ForwardCall(self.plan(problem), x, eps)
+            return call if key is None else self._forward_calls.put(key, call)
+        if out is not None or residual_out is not None or rstd is not None:
+            recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
+                            residual_out=residual_out, rstd=rstd)
+        return call
 
     def backward_plan(self, *, dy, x, gate, weight, rstd, dsum, weight_offset, has_residual,
                       grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
@@ -314,33 +363,36 @@ class Programs:
 
     # ----------------------------------------------------------------------- launching
 
-    def forward(self, plan: host.Plan, *, x, gate, weight, residual, eps, weight_offset,
-                out=None, residual_out=None, rstd=None) -> tuple:
-        """Allocates what the caller did not give, launches; returns (y, residual_out or
-        None, rstd)."""
+    def forward(self, call: ForwardCall, x, gate, weight, residual, weight_offset, out=None,
+                residual_out=None, rstd=None) -> tuple:
+        """Allocates what the caller did not give, launches ``call`` (from
+        :meth:`forward_call` with these arguments); returns (y, residual_out or None, rstd)."""
         y = torch.empty_like(x) if out is None else out
         if residual is not None and residual_out is None:
             residual_out = torch.empty_like(x)
-        problem = plan.problem
         if rstd is None:
-            # x.shape[:-1] is (rows,) for 2-D x; an int size allocates faster than a Size.
-            rstd = x.new_empty(problem.rows if x.dim() == 2 else x.shape[:-1],
-                               dtype=torch.float32)
-        if problem.rows:
-            plan.forward(
+            rstd = x.new_empty(call.rstd_shape, dtype=torch.float32)
+        if call.rows:
+            call.entry(
                 [x.data_ptr(), _ptr(residual), _ptr(gate), weight.data_ptr(), y.data_ptr(),
-                 _ptr(residual_out), rstd.data_ptr(), problem.rows, problem.cols,
-                 int(problem.weight_fp32), fp32_bits(eps), fp32_bits(weight_offset)],
-                host.stream_handle(plan.device))
+                 _ptr(residual_out), rstd.data_ptr(), call.rows, call.cols, call.weight_fp32,
+                 call.eps_bits, fp32_bits(weight_offset)],
+                host.stream_handle(call.device))
         return y, residual_out, rstd
+
+    def forward_helper(self, x, gate, weight, residual, eps, weight_offset, out, residual_out,
+                       rstd) -> tuple:
+        """A forward helper's call: validates (or looks up), allocates what the caller did not
+        give, launches; returns (y, residual_out or None, rstd)."""
+        call = self.forward_call(x, gate, weight, residual, eps, weight_offset, out, residual_out,
+                                 rstd)
+        return self.forward(call, x, gate, weight, residual, weight_offset, out, residual_out, rstd)
 
     def launch(self, x, gate, weight, residual, eps, weight_offset) -> tuple:
         """An autograd forward's launch (outputs allocated here): ``(plan, y, residual_out or
         None, rstd)``, what :meth:`keep` records."""
-        plan = self.forward_plan(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
-                                 weight_offset=weight_offset)
-        return (plan, *self.forward(plan, x=x, gate=gate, weight=weight, residual=residual,
-                                    eps=eps, weight_offset=weight_offset))
+        call = self.forward_call(x, gate, weight, residual, eps, weight_offset)
+        return (call.plan, *self.forward(call, x, gate, weight, residual, weight_offset))
 
     @staticmethod
     def keep(ctx, launched: tuple, *, x, gate, weight, residual, weight_offset):

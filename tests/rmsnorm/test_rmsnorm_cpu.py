@@ -247,15 +247,33 @@ def test_rmsnorm_repeated_signature_is_validated_and_routed_once(gpu, validation
     assert {launch.variant["load"] for launch in gpu} == {"vector"}
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
-def test_rmsnorm_route_follows_alignment_on_the_fast_path(gpu, validations, family):
+@pytest.mark.parametrize("family,moved,path",
+                         [(f, moved, path) for f in FAMILIES for moved in ("x", "g")[:1 + f.gated]
+                          for path in ("forward", "functional")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_rmsnorm_route_follows_alignment_on_the_fast_path(gpu, validations, family, moved, path):
+    """The forward's key reads the addresses of x and of the gate (the eager path's, too)."""
     x, g, w = _rms_case()
     misaligned = _rows(8, 64, offset=1)
     for tensor in (x, misaligned, x, misaligned):
-        family.forward(tensor, g, w)
+        args = {"x": x, "g": g, moved: tensor}
+        getattr(family, path)(args["x"], args["g"], w)
     assert [launch.variant["load"] for launch in gpu.of("forward")] == \
         ["vector", "scalar", "vector", "scalar"]
     assert validations["forward"] == 2
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_rmsnorm_forward_with_non_tensors_is_refused_every_time(gpu, validations, family):
+    """A call whose arguments are not tensors has no key: validated (and refused) each time."""
+    x, g, w = _rms_case()
+    for _ in range(2):
+        with pytest.raises(TypeError, match="^x: expected a torch.Tensor"):
+            family.forward([[1.0] * 64] * 8, g, w)
+        with pytest.raises(TypeError, match="^weight: expected a torch.Tensor"):
+            family.functional(x, g, [1.0] * 64)
+    assert validations["forward"] == 4
+    assert not gpu.of("forward")
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
