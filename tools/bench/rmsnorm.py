@@ -628,6 +628,11 @@ TUNE_VARIANTS = {
     # 512 or 256 threads (the ring programs' table: 512), and weights read through L1 (shared
     # memory left to the ring). On the one-row forwards at D = 4096, fwd_cta512 pairs the 256-thread
     # rows (the gated table there since 2026-12-03) and fwd_cta256 gives each its own CTA.
+    # Paired rows in the one-row forwards of D <= 2048 (two or four 128-thread rows a CTA at D = 2048,
+    # 32 or 64 rows of 8 threads at D = 128): both families' behind their tables' one row step a
+    # CTA at 65536 and 262144 x 2048 (by 0.6-8.2 points of copy), RMSNorm's at 1048576 x 128 too
+    # (0.4, 0.9), the gated one's there 0.3 ahead in 256-thread CTAs, 0.6 behind in 512
+    # (tools/bench/results/2026-12-04-h200-rmsnorm-paired-one-row-tune.json).
     "fwd_cta256": {"CAKE_FORWARD_CTA_THREADS": 256},
     "fwd_cta512": {"CAKE_FORWARD_CTA_THREADS": 512},
     "fwd_weights_l1_stages3": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_STAGES": 3},
@@ -666,6 +671,20 @@ TUNE_VARIANTS = {
     # CTA, at 40 or 64 registers; ...-forward-4096-rows-tune{1,2}.json): 2.3-4.7 points behind
     # the table.
     "fwd_rows2_mb2": {"CAKE_FORWARD_CTA_ROWS": 2, "CAKE_FORWARD_MIN_BLOCKS": 2},
+    # The one-row forwards at 8 elements a thread (rows of 16 threads at D = 128, the heads that
+    # QK-norm and GDN's output norm normalise): at 40 registers, or at 32 (16 CTAs of 128 threads
+    # an SM; 16 elements a thread spill there) in CTAs of 128 or 256 threads. In one H200 tune of
+    # 2026-12-04 (tools/bench/results/2026-12-04-h200-rmsnorm-head-forward-ept8-tune.json, D = 64
+    # .. 2048) RMSNorm's table led all three at every D (92.8 / 95.9% of copy at 1048576 /
+    # 4194304 x 128 against 92.4 / 95.4 for the best, ept8_mb4); the gated forward at 40 registers
+    # (one_row_fwd_ept8) led its table by 0.7 points at D = 128 (98.3 / 101.3%) and was level at
+    # 256, behind at 64 and 512 .. 2048 (by 5.4 points at 2048); at 32 registers it spills.
+    "one_row_fwd_ept8": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MIN_ELEMS_PER_THREAD=8),
+    "one_row_fwd_ept8_mb4": dict(plain_table.ONE_ROW_FORWARD_TUNING, CAKE_FORWARD_MIN_ELEMS_PER_THREAD=8,
+                                 CAKE_FORWARD_MIN_BLOCKS=4),
+    "one_row_fwd_ept8_cta256_mb4": dict(plain_table.ONE_ROW_FORWARD_TUNING,
+                                        CAKE_FORWARD_MIN_ELEMS_PER_THREAD=8,
+                                        CAKE_FORWARD_CTA_THREADS=256, CAKE_FORWARD_MIN_BLOCKS=4),
     # The backward's rows of 192, 320, 384 and 448 threads (D = 3072, 5120, 6144, 7168 at 16
     # elements a thread) fixed, but not the other multiples of 32 (the tables of the eighth and
     # ninth sessions of 2026-12-03; common32 is the tables since), or run-time-width as before;
