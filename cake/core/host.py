@@ -8,10 +8,11 @@ every family reports bad input the same way and none copies another's glue:
   what was expected and what came; nothing is coerced (no silent ``.contiguous()``);
 * launching: :func:`stream_handle`, :func:`is_capturing`, :func:`program_set`;
 * routing: :func:`select_program` over the manifest's ``variant``/``route`` fields;
-* the fast path: :func:`signature` keys a :class:`Memo` from what a call's static checks read
-  to its :class:`Plan` (problem, program entries, workspace size), so a repeated call skips
-  the detailed checks, the routing and the workspace query; what depends on more than the
-  signature (overlap, alignment, cu_seqlens' values) is checked on every call;
+* the fast path: :func:`signature` (or a family's written-out equivalent, as RMSNorm's forward
+  key) keys a :class:`Memo` from what a call's static checks read to its :class:`Plan`
+  (problem, program entries, workspace size) or what a family keeps with it, so a repeated
+  call skips the detailed checks, the routing and the workspace query; what depends on more
+  than the signature (overlap, alignment, cu_seqlens' values) is checked on every call;
 * autograd: :func:`eager_apply` launches an eager call before recording it in autograd;
   :func:`backward_result` builds a ``backward`` return tuple tied to forward's arity.
 
@@ -312,7 +313,7 @@ class Memo:
     dictionary read; stores (the slow path) take a lock.
 
     A family's lookup (``get``, then ``put`` of a validated plan, or the per-call rechecks) is
-    written out in its plan function rather than passed in as closures: closures and their cells
+    written out in its plan (or call) function rather than passed in as closures: closures and their cells
     were most of the Python objects an eager call made before its launch. Without them RMSNorm's
     eager forward under no_grad took 15.1-15.4 us of host time instead of 18.5 (development
     machine, simulated GPU: tools/bench/results/2026-12-02-cpu-rmsnorm-host-path-ab.txt).

@@ -79,7 +79,7 @@ def _check_number(name: str, value: object, *, positive: bool) -> float:
     number = float(value)
     if not math.isfinite(number) or abs(number) > 3.0e38:
         raise ValueError(f"{name}: expected a finite fp32 value, got {value!r}")
-    if positive and not struct.unpack("<f", struct.pack("<f", number))[0] > 0.0:
+    if positive and not _FP32.unpack(_FP32.pack(number))[0] > 0.0:
         raise ValueError(f"{name}: expected a value > 0 (in fp32), got {value!r}")
     return number
 
@@ -137,6 +137,8 @@ def validate_forward(*, x, gate, weight, residual, eps, weight_offset, gated: bo
                                                     dtype=x.dtype, device=x.device)
     problem = validate_inputs(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
                               weight_offset=weight_offset, gated=gated, row_tensors=outputs)
+    if eps is None:  # validate_inputs takes None for the backward, which has no eps
+        _check_number("eps", eps, positive=True)
     if rstd is not None:
         host.check_output("rstd", rstd, shape=x.shape[:-1], dtype=torch.float32, device=x.device)
     recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
@@ -239,10 +241,10 @@ def upstream_gradients(s, dy, dsum, has_residual: bool) -> tuple:
 
 
 def _forward_key(x, gate, weight, residual, eps, weight_offset, out, residual_out, rstd) -> tuple:
-    """What ``host.signature`` of a forward call's arguments gives, and whether its row tensors
-    are 16-byte aligned, in one flat tuple: x and the weight written out, the optional tensors
-    through ``host.signature`` only when one is given. Every eager call computes it, and the
-    generic loop over all nine arguments took three times as long."""
+    """A forward call's memo key: what ``host.signature`` would read from its arguments, and
+    whether its row tensors are 16-byte aligned. x and the weight are written out, the gate and
+    the other optional tensors go through ``host.signature`` (nested) only when given: every eager
+    call computes it, and the generic loop over all nine arguments took three times as long."""
     rest = (None if residual is None and out is None and residual_out is None and rstd is None
             else host.signature(residual, out, residual_out, rstd))
     return (type(x), x.dtype, x.device, x.shape, x.is_contiguous(),
@@ -302,9 +304,8 @@ class Programs:
 
     def workspace_bytes(self, *, x, gate, weight) -> int:
         """The backward workspace for x and weight (the vector route when x allows it)."""
-        problem = validate_forward(x=x, gate=gate, weight=weight, residual=None, eps=None,
-                                   weight_offset=0.0, gated=self._gated, out=None,
-                                   residual_out=None, rstd=None)
+        problem = validate_inputs(x=x, gate=gate, weight=weight, residual=None, eps=None,
+                                  weight_offset=0.0, gated=self._gated)
         return self.plan(problem).workspace_bytes
 
     # ----------------------------------------------------------------------- plans
@@ -326,7 +327,7 @@ class Programs:
                                        residual_out=residual_out, rstd=rstd)
             call = ForwardCall(self.plan(problem), x, eps)
             return call if key is None else self._forward_calls.put(key, call)
-        if out is not None or residual_out is not None or rstd is not None:
+        if out is not None or residual_out is not None or rstd is not None:  # (a call saved)
             recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
                             residual_out=residual_out, rstd=rstd)
         return call

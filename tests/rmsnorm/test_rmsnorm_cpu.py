@@ -248,16 +248,19 @@ def test_rmsnorm_repeated_signature_is_validated_and_routed_once(gpu, validation
 
 
 @pytest.mark.parametrize("family,moved,path",
-                         [(f, moved, path) for f in FAMILIES for moved in ("x", "g")[:1 + f.gated]
+                         [(f, moved, path) for f in FAMILIES
+                          for moved in (("x", "residual", "g") if f.gated else ("x", "residual"))
                           for path in ("forward", "functional")],
                          ids=lambda v: getattr(v, "name", v))
 def test_rmsnorm_route_follows_alignment_on_the_fast_path(gpu, validations, family, moved, path):
-    """The forward's key reads the addresses of x and of the gate (the eager path's, too)."""
+    """The forward's key reads the addresses of x, the residual and the gate (the eager path's
+    too)."""
     x, g, w = _rms_case()
     misaligned = _rows(8, 64, offset=1)
     for tensor in (x, misaligned, x, misaligned):
-        args = {"x": x, "g": g, moved: tensor}
-        getattr(family, path)(args["x"], args["g"], w)
+        args = {"x": x, "g": g, "residual": None if moved != "residual" else x.clone(),
+                moved: tensor}
+        getattr(family, path)(args["x"], args["g"], w, args["residual"])
     assert [launch.variant["load"] for launch in gpu.of("forward")] == \
         ["vector", "scalar", "vector", "scalar"]
     assert validations["forward"] == 2
@@ -274,6 +277,26 @@ def test_rmsnorm_forward_with_non_tensors_is_refused_every_time(gpu, validations
             family.functional(x, g, [1.0] * 64)
     assert validations["forward"] == 4
     assert not gpu.of("forward")
+    assert len((gated_function if family.gated else plain_function)._PROGRAMS._forward_calls) == 0
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_rmsnorm_optional_outputs_are_keyed_and_rechecked(gpu, validations, family):
+    """Outputs given after a call without them are validated (rstd's shape), and a repeated
+    signature still has each given output's overlap checked."""
+    x, g, w = _rms_case()
+    family.forward(x, g, w)
+    with pytest.raises(ValueError, match="^rstd: expected a contiguous"):
+        family.forward(x, g, w, rstd=cuda(torch.empty(3)))
+    family.forward(x, g, w, rstd=cuda(torch.empty(8)))
+    with pytest.raises(ValueError, match="^rstd: must not share memory with x"):
+        family.forward(x, g, w, rstd=cuda(x.view(torch.float32).view(-1)[:8]))
+    r = _rows(8, 64)
+    family.forward(x, g, w, r, residual_out=_rows(8, 64))
+    with pytest.raises(ValueError, match="^residual_out: must not share memory with residual"):
+        family.forward(x, g, w, r, residual_out=r)
+    assert validations["forward"] == 4
+    assert len(gpu.of("forward")) == 3
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -282,6 +305,7 @@ def test_rmsnorm_new_signature_is_validated_again_with_the_same_errors(gpu, vali
     family.forward(x, g, w, eps=1)
     bad_calls = [
         (dict(eps=True), TypeError, "^eps: expected a float, got bool"),  # True == 1
+        (dict(eps=None), TypeError, "^eps: expected a float, got NoneType"),
         (dict(eps=0.0), ValueError, "^eps: expected a value > 0"),
         (dict(eps=1e-50), ValueError, "^eps: expected a value > 0"),
         (dict(weight_offset=float("nan")), ValueError, "^weight_offset: expected a finite"),

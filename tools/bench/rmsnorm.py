@@ -629,7 +629,7 @@ TUNE_VARIANTS = {
     # memory left to the ring). On the one-row forwards at D = 4096, fwd_cta512 pairs the 256-thread
     # rows (the gated table there since 2026-12-03) and fwd_cta256 gives each its own CTA.
     # Paired rows in the one-row forwards of D <= 2048 (two or four 128-thread rows a CTA at D = 2048,
-    # 32 or 64 rows of 8 threads at D = 128): both families' behind their tables' one row step a
+    # 32 or 64 rows of 8 threads at D = 128): both families behind their tables' one row step a
     # CTA at 65536 and 262144 x 2048 (by 0.6-8.2 points of copy), RMSNorm's at 1048576 x 128 too
     # (0.4, 0.9), the gated one's there 0.3 ahead in 256-thread CTAs, 0.6 behind in 512
     # (tools/bench/results/2026-12-04-h200-rmsnorm-paired-one-row-tune.json).
