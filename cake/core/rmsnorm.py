@@ -96,10 +96,11 @@ def _vector_ok(cols: int, element_size: int, tensors) -> bool:
     return cols % (VECTOR_BYTES // element_size) == 0 and host.aligned(*tensors, to=VECTOR_BYTES)
 
 
-def validate_inputs(*, x, gate, weight, residual, eps, weight_offset, gated: bool,
+def validate_inputs(*, x, gate, weight, residual, weight_offset, gated: bool,
                     row_tensors: Mapping[str, Optional[torch.Tensor]] = {}) -> Problem:
-    """Checks the inputs both entries share; ``row_tensors`` are further [rows, D] tensors of
-    the call (outputs, dy, ...) that decide, with x, whether the vector route applies."""
+    """Checks the inputs both entries share (eps is the forward's alone); ``row_tensors`` are
+    further [rows, D] tensors of the call (outputs, dy, ...) that decide, with x, whether the
+    vector route applies."""
     host.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
     cols = x.shape[-1]
     if not 1 <= cols <= MAX_COLS:
@@ -113,8 +114,6 @@ def validate_inputs(*, x, gate, weight, residual, eps, weight_offset, gated: boo
         raise ValueError(f"weight: expected [D] = [{cols}] (x's last dim), got {host.describe(weight)}")
     if residual is not None:
         _check_like("residual", residual, x, "like x")
-    if eps is not None:
-        _check_number("eps", eps, positive=True)
     _check_number("weight_offset", weight_offset, positive=False)
     rows = x.numel() // cols
     vector = _vector_ok(cols, x.element_size(), [x, gate, residual, *row_tensors.values()])
@@ -135,10 +134,9 @@ def validate_forward(*, x, gate, weight, residual, eps, weight_offset, gated: bo
             raise ValueError("residual_out: given, but there is no residual")
         outputs["residual_out"] = host.check_output("residual_out", residual_out, shape=x.shape,
                                                     dtype=x.dtype, device=x.device)
-    problem = validate_inputs(x=x, gate=gate, weight=weight, residual=residual, eps=eps,
+    problem = validate_inputs(x=x, gate=gate, weight=weight, residual=residual,
                               weight_offset=weight_offset, gated=gated, row_tensors=outputs)
-    if eps is None:  # validate_inputs takes None for the backward, which has no eps
-        _check_number("eps", eps, positive=True)
+    _check_number("eps", eps, positive=True)
     if rstd is not None:
         host.check_output("rstd", rstd, shape=x.shape[:-1], dtype=torch.float32, device=x.device)
     recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
@@ -179,7 +177,7 @@ def validate_backward(*, dy, x, gate, weight, rstd, dsum, weight_offset, gated: 
         raise ValueError("dg: given to a family without a gate")
     if dresidual is not None and not has_residual:
         raise ValueError("dresidual: given, but the forward had no residual (residual=False)")
-    problem = validate_inputs(x=x, gate=gate, weight=weight, residual=None, eps=None,
+    problem = validate_inputs(x=x, gate=gate, weight=weight, residual=None,
                               weight_offset=weight_offset, gated=gated,
                               row_tensors={"dy": dy, "dsum": dsum, **outputs})
     problem = dataclasses.replace(problem, has_residual=has_residual)
@@ -251,24 +249,19 @@ def _forward_key(x, gate, weight, residual, eps, weight_offset, out, residual_ou
             type(weight), weight.dtype, weight.device, weight.shape, weight.is_contiguous(),
             None if gate is None else host.signature(gate), type(eps), eps,
             type(weight_offset), weight_offset, rest,
-            host.aligned(x, gate, residual, out, residual_out) if rest is not None
-            else not (x.data_ptr() | (0 if gate is None else gate.data_ptr())) % VECTOR_BYTES)
+            host.aligned(x, gate, residual, out, residual_out, to=VECTOR_BYTES))
 
 
 class ForwardCall:
-    """A validated forward call signature, resolved once: its plan, the forward entry, and the
-    entry arguments that the signature fixes (rows, cols, the weight's dtype flag, eps's fp32
-    bits; weight_offset's are taken per call, since 0.0 and -0.0 share a signature) and the shape
-    of rstd."""
+    """A validated forward call signature, resolved once: its plan and the entry arguments that
+    the signature fixes (rows, cols, the weight's dtype flag, eps's fp32 bits; weight_offset's
+    are taken per call, since 0.0 and -0.0 share a signature) and the shape of rstd."""
 
-    __slots__ = ("plan", "device", "entry", "rows", "cols", "weight_fp32", "eps_bits",
-                 "rstd_shape")
+    __slots__ = ("plan", "rows", "cols", "weight_fp32", "eps_bits", "rstd_shape")
 
     def __init__(self, plan: host.Plan, x: torch.Tensor, eps: float):
         problem = plan.problem
         self.plan = plan
-        self.device = plan.device
-        self.entry = plan.forward
         self.rows = problem.rows
         self.cols = problem.cols
         self.weight_fp32 = int(problem.weight_fp32)
@@ -304,7 +297,7 @@ class Programs:
 
     def workspace_bytes(self, *, x, gate, weight) -> int:
         """The backward workspace for x and weight (the vector route when x allows it)."""
-        problem = validate_inputs(x=x, gate=gate, weight=weight, residual=None, eps=None,
+        problem = validate_inputs(x=x, gate=gate, weight=weight, residual=None,
                                   weight_offset=0.0, gated=self._gated)
         return self.plan(problem).workspace_bytes
 
@@ -374,11 +367,11 @@ class Programs:
         if rstd is None:
             rstd = x.new_empty(call.rstd_shape, dtype=torch.float32)
         if call.rows:
-            call.entry(
+            call.plan.forward(
                 [x.data_ptr(), _ptr(residual), _ptr(gate), weight.data_ptr(), y.data_ptr(),
                  _ptr(residual_out), rstd.data_ptr(), call.rows, call.cols, call.weight_fp32,
                  call.eps_bits, fp32_bits(weight_offset)],
-                host.stream_handle(call.device))
+                host.stream_handle(call.plan.device))
         return y, residual_out, rstd
 
     def forward_helper(self, x, gate, weight, residual, eps, weight_offset, out, residual_out,

@@ -221,8 +221,7 @@ def test_scalar_route_for_misaligned_rows(family, dtype, cols):
     g = torch.randn(rows, cols, generator=gen).to(dtype).cuda()
     w = (torch.rand(cols, generator=gen) + 0.5).to(dtype).cuda()
     problem = rmsnorm.validate_inputs(x=x, gate=g if family.gated else None, weight=w,
-                                      residual=None, eps=1e-6, weight_offset=0.0,
-                                      gated=family.gated)
+                                      residual=None, weight_offset=0.0, gated=family.gated)
     assert not problem.vector
     y, _, rstd = family.forward(x, g, w)
     want_y, _, want_rstd = family.reference_forward(x, g, w)
