@@ -20,9 +20,6 @@ from typing import Iterable, Iterator, Sequence
 from .core import manifest as mf
 from .core.manifest import Finding, Manifest, PackageTree, Program
 
-_INCLUDE_RE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
-
-
 class UsageError(Exception):
     """A wrong argument or an I/O problem: exit 2 with one line."""
 
@@ -106,6 +103,10 @@ class _TreeCheck:
                         f"program {program.library} is listed more than once"))
         self.digests.add(program.digest)
         self.libraries.add(program.library)
+        roles = [source.role for source in program.sources]
+        if len(set(roles)) != len(roles) or "binding" not in roles or len(roles) < 2:
+            add(Finding(path, f"{field}.sources", "CM206",
+                        f"roles {roles}: each role once, one binding and at least one kernel"))
         for j, header_path in enumerate(program.headers):
             if header_path not in header_ok:
                 add(Finding(path, f"{field}.headers[{j}]", "CM603",
@@ -184,39 +185,42 @@ def _symbol_problems(path: str, field: str, program: Program,
                      texts: dict) -> Iterator[Finding]:
     library = program.library
     binding = texts.get("binding", b"").decode("utf-8", "replace")
-    kernel = texts.get("kernel", b"").decode("utf-8", "replace")
     exported = mf.entry_symbols(binding)
-    for j, entry in enumerate(program.entries):
-        if not entry.startswith(library + "_"):
-            yield Finding(path, f"{field}.entries[{j}]", "CM306",
-                          f"entry {entry} does not start with {library}_")
-        elif entry not in exported:
-            yield Finding(path, f"{field}.entries[{j}]", "CM306",
-                          f"entry {entry} is not a CAKE_EXPORT function of the binding source")
-    for name in exported:
-        if name not in program.entries:
-            yield Finding(path, f"{field}.entries", "CM306",
-                          f"CAKE_EXPORT {name} in the binding source is not a listed entry")
+    declared = [f"{library}_{name}" for name in mf.IDENTITY_EXPORTS]
+    declared += [f"{library}_{entry.name}" for entry in program.entries]
+    for symbol in declared:
+        if symbol not in exported:
+            yield Finding(path, f"{field}.entries", "CM308",
+                          f"the binding does not export {symbol}")
+    for symbol in exported:
+        if symbol not in declared:
+            yield Finding(path, f"{field}.entries", "CM308",
+                          f"the binding exports {symbol}, which the manifest does not declare")
+    if mf.rendered_entries(binding) != program.entries:
+        yield Finding(path, f"{field}.entries", "CM309",
+                      "the binding's '// cake:entries' block does not declare these entries")
     kernel_name = "kernel_" + library
-    defined = mf.kernel_symbols(kernel)
+    defined = []
+    for role, data in texts.items():
+        if role != "binding":
+            defined += mf.kernel_symbols(data.decode("utf-8", "replace"), program.kind)
     for j, symbol in enumerate(program.kernels):
         if symbol != kernel_name and not symbol.startswith(kernel_name + "_"):
             yield Finding(path, f"{field}.kernels[{j}]", "CM306",
                           f"kernel {symbol} does not start with {kernel_name}")
         elif symbol not in defined:
             yield Finding(path, f"{field}.kernels[{j}]", "CM306",
-                          f"kernel {symbol} is not a __global__ of the kernel source")
+                          f"kernel {symbol} is not defined by a kernel source")
     for name in defined:
         if name not in program.kernels:
             yield Finding(path, f"{field}.kernels", "CM306",
-                          f"__global__ {name} in the kernel source is not a listed kernel")
+                          f"kernel {name} of a kernel source is not a listed kernel")
 
 
 def _include_problems(path: str, field: str, program: Program,
                       texts: dict) -> Iterator[Finding]:
     for role, data in sorted(texts.items()):
-        for included in _INCLUDE_RE.findall(data):
-            name = included.decode("utf-8", "replace")
+        for name in mf.included_headers(data.decode("utf-8", "replace")):
             if name not in program.headers:
                 yield Finding(path, f"{field}.headers", "CM603",
                               f"{role} source includes {name}, which the program does not list")

@@ -4,14 +4,17 @@
 Usage: ``python tools/render.py [--check]``
 
 Each family table (``tools/families/<package name>.py``) names its templates (one per source
-role, under ``csrc/templates/``) and lists its specializations. A template is plain CUDA that
-compiles as it is: its library name is :data:`cake.manifest.LIBRARY_PLACEHOLDER` and its
-specialization knobs are ``#define`` lines between ``// cake:params`` and ``// cake:end-params``.
-Rendering one specialization sets those defines, hashes the text (SPEC section 3) and puts
-the resulting library name in place of the placeholder. Output: ``csrc/<name>/<library>_<role>.cu``
-and ``manifests/<name>.json``, plus ``manifests/schema.json`` from the manifest model. Same
-input, same bytes; files the tables no longer produce are removed. ``--check`` writes nothing
-and exits 1 when a fresh render would change anything.
+role: ``binding`` and ``kernel`` or several ``kernel_<name>``, under ``csrc/templates/``),
+declares its C entries and lists its specializations. A CUDA template is a short program
+source: its specialization knobs (``#define`` lines between ``// cake:params`` and
+``// cake:end-params``), then an include of the family's header, then its kernels or entries
+under the library name :data:`cake.manifest.LIBRARY_PLACEHOLDER`. A binding template also holds
+an empty ``// cake:entries`` block, which rendering fills with the declared entries' X-macros
+(cake/program.h). Rendering one specialization sets the knobs and the entries, hashes the text
+(the digest) and puts the resulting library name in place of the placeholder. Output:
+``csrc/<name>/<library>_<role>.cu`` and ``manifests/<name>.json``, plus ``manifests/schema.json``
+from the manifest model. Same input, same bytes; files the tables no longer produce are
+removed. ``--check`` writes nothing and exits 1 when a fresh render would change anything.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ if str(REPO) not in sys.path:
 from cake.core import manifest as mf  # noqa: E402
 
 _PARAMS_RE = re.compile(r"(// cake:params\n)(.*?)(// cake:end-params\n)", re.DOTALL)
+_ENTRIES_RE = re.compile(r"// cake:entries\n(.*?)// cake:end-entries\n", re.DOTALL)
 _DEFINE_RE = re.compile(r"#define (\w+) (.+)")
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +56,16 @@ class Spec:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """A family table: its templates and the specializations to render."""
+    """A family table: its templates, its entries and the specializations to render."""
 
     name: str
     """The package's last component, e.g. ``cake_causal_conv1d_det_train``."""
     templates: dict
-    """Source role -> template path relative to the repository root."""
+    """Source role -> template path relative to the repository root (the binding's last)."""
     specs: tuple
+    entries: dict = dataclasses.field(default_factory=dict)
+    """Entry name -> its arguments, ``((name, kind), ...)`` (kinds: cake.manifest.ARGUMENT_KINDS)."""
+    kind: str = "cuda"
 
 
 class RenderError(Exception):
@@ -97,6 +103,32 @@ def specialize(template: str, params: dict, where: str) -> tuple[str, set]:
     return template[: match.start(2)] + body + template[match.end(2):], seen
 
 
+def with_entries(template: str, entries: tuple, where: str) -> str:
+    """Fills a binding template's ``// cake:entries`` block (empty in the template)."""
+    match = _ENTRIES_RE.search(template)
+    if not match:
+        raise RenderError(f"{where}: a binding needs a '// cake:entries' ... "
+                          "'// cake:end-entries' block")
+    if match.group(1):
+        raise RenderError(f"{where}: the template's '// cake:entries' block must be empty "
+                          "(the renderer writes it from the family table)")
+    return template[: match.start()] + mf.entries_block(entries) + template[match.end():]
+
+
+def declared_entries(family: Family) -> tuple:
+    """The family table's entries as manifest :class:`~cake.core.manifest.Entry` records."""
+    entries = []
+    for name, args in family.entries.items():
+        for arg, kind in args:
+            if kind not in mf.ARGUMENT_KINDS:
+                raise RenderError(f"{family.name}: entry {name} argument {arg}: kind {kind!r} is "
+                                  f"not one of {', '.join(mf.ARGUMENT_KINDS)}")
+        entries.append(mf.Entry(name, tuple(mf.Argument(arg, kind) for arg, kind in args)))
+    if not entries:
+        raise RenderError(f"{family.name}: the table declares no entries")
+    return tuple(entries)
+
+
 def _c_value(value) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
@@ -106,7 +138,7 @@ def _c_value(value) -> str:
 def header_closure(texts: Sequence[str], include_dir: Path) -> list[str]:
     """Quoted includes that resolve in ``include_dir``, transitively, in first-seen order."""
     order: list[str] = []
-    pending = [name for text in texts for name in _INCLUDE_RE.findall(text)]
+    pending = [name for text in texts for name in mf.included_headers(text)]
     while pending:
         name = pending.pop(0)
         if name in order:
@@ -115,7 +147,7 @@ def header_closure(texts: Sequence[str], include_dir: Path) -> list[str]:
         if not path.is_file():
             raise RenderError(f"include \"{name}\" is not a file under {include_dir}")
         order.append(name)
-        pending.extend(_INCLUDE_RE.findall(path.read_text()))
+        pending.extend(mf.included_headers(path.read_text()))
     return order
 
 
@@ -130,6 +162,9 @@ def render_family(family: Family, root: Path = REPO, prefix: str | None = None,
     prefix = prefix or mf.expected_prefix(package)
     include_dir = root / "csrc" / "include"
     templates = {role: (root / path).read_text() for role, path in family.templates.items()}
+    if "binding" not in templates:
+        raise RenderError(f"{family.name}: no binding template")
+    entries = declared_entries(family)
     headers: dict[str, mf.Header] = {}
     programs, files = [], {}
     for index, spec in enumerate(family.specs):
@@ -137,6 +172,8 @@ def render_family(family: Family, root: Path = REPO, prefix: str | None = None,
         texts, used = {}, set()
         for role, template in templates.items():
             text, knobs = specialize(template, spec.params, f"{where} ({role})")
+            if role == "binding":
+                text = with_entries(text, entries, f"{where} (binding)")
             texts[role] = (f"// Generated by tools/render.py from {family.templates[role]}; "
                            f"do not edit.\n{text}")
             used |= knobs
@@ -150,21 +187,19 @@ def render_family(family: Family, root: Path = REPO, prefix: str | None = None,
                                    [(role, text.encode()) for role, text in texts.items()],
                                    [headers[n].sha256 for n in names], list(spec.flags))
         library = mf.library_name(prefix, digest, spec.kcp)
-        sources = []
+        sources, kernels = [], []
         for role, text in texts.items():
             data = text.replace(mf.LIBRARY_PLACEHOLDER, library).encode()
-            file_name = mf.source_file_name(library, role)
+            file_name = mf.source_file_name(library, role, family.kind)
             files[file_name] = data
             sources.append(mf.Source(role, file_name, mf.sha256_hex(data)))
-        entries = mf.entry_symbols(texts.get("binding", ""))
-        kernels = mf.kernel_symbols(texts.get("kernel", ""))
+            if role != "binding":
+                kernels += mf.kernel_symbols(data.decode(), family.kind)
         programs.append(mf.Program(
-            library=library, digest=digest, kcp=spec.kcp, variant=dict(spec.variant),
-            route=dict(spec.route), arches=tuple(spec.arches), sources=tuple(sources),
-            headers=tuple(names),
-            entries=tuple(e.replace(mf.LIBRARY_PLACEHOLDER, library) for e in entries),
-            kernels=tuple(k.replace(mf.LIBRARY_PLACEHOLDER, library) for k in kernels),
-            flags=tuple(spec.flags)))
+            library=library, digest=digest, kind=family.kind, kcp=spec.kcp,
+            variant=dict(spec.variant), route=dict(spec.route), arches=tuple(spec.arches),
+            sources=tuple(sources), headers=tuple(names), entries=entries,
+            kernels=tuple(kernels), flags=tuple(spec.flags)))
     libraries = [p.library for p in programs]
     duplicates = sorted({name for name in libraries if libraries.count(name) > 1})
     if duplicates:

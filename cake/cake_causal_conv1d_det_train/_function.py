@@ -29,9 +29,9 @@ from . import _routes
 from ._validate import (DTYPES, recheck_backward, recheck_forward, validate_backward,
                         validate_forward, validate_inputs)
 
-_ptr = host.data_pointer
 # Problem -> Plan (route, entries, workspace size), and call signature -> Plan.
-_plan = host.Plans(__file__, _routes.select, lambda problem: (problem.tokens, problem.channels))
+_plan = host.Plans(__file__, _routes.select,
+                   lambda problem: {"tokens": problem.tokens, "channels": problem.channels})
 _forward_plans = host.Memo()
 _backward_plans = host.Memo()
 
@@ -67,21 +67,21 @@ def _workspace_need(problem) -> int:
 
 def _forward_into(plan: host.Plan, x, weight, bias, cu_seqlens, y) -> None:
     problem = plan.problem
-    plan.forward([x.data_ptr(), weight.data_ptr(), _ptr(bias), _ptr(cu_seqlens), y.data_ptr(),
-                  problem.tokens, problem.channels, problem.num_docs, problem.doc_len,
-                  int(problem.weight_fp32)],
-                 host.stream_handle(plan.device))
+    plan.forward(host.stream_handle(plan.device), x=x, weight=weight, bias=bias,
+                 cu_seqlens=cu_seqlens, y=y, tokens=problem.tokens, channels=problem.channels,
+                 num_docs=problem.num_docs, doc_len=problem.doc_len,
+                 weight_fp32=int(problem.weight_fp32))
 
 
 def _backward_into(plan: host.Plan, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
                    workspace, workspace_bytes: int) -> None:
     problem = plan.problem
-    plan.backward([x.data_ptr(), weight.data_ptr(), _ptr(bias), _ptr(cu_seqlens), dy.data_ptr(),
-                   dx.data_ptr(), dweight.data_ptr(), _ptr(dbias), _ptr(workspace),
-                   workspace_bytes, problem.tokens, problem.channels, problem.num_docs,
-                   problem.doc_len, int(problem.weight_fp32),
-                   int(dweight.dtype == torch.float32)],
-                  host.stream_handle(plan.device))
+    plan.backward(host.stream_handle(plan.device), x=x, weight=weight, bias=bias,
+                  cu_seqlens=cu_seqlens, dy=dy, dx=dx, dweight=dweight, dbias=dbias,
+                  workspace=workspace, workspace_bytes=workspace_bytes, tokens=problem.tokens,
+                  channels=problem.channels, num_docs=problem.num_docs, doc_len=problem.doc_len,
+                  weight_fp32=int(problem.weight_fp32),
+                  grad_fp32=int(dweight.dtype == torch.float32))
 
 
 def _backward(plan: host.Plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=None,

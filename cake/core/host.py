@@ -356,21 +356,21 @@ class Plan:
     """What a validated problem launches with, resolved once: the entries of the program
     serving it, the backward's workspace size and the device.
 
-    ``sizes`` are the leading arguments of the program's ``workspace_bytes`` entry (token or
-    row count first; with none there is no work and no workspace).
+    ``sizes`` are the arguments of the program's ``workspace_bytes`` entry but its ``out`` (token
+    or row count first; with none there is no work and no workspace).
     """
 
     __slots__ = ("problem", "device", "forward", "backward", "workspace_bytes")
 
-    def __init__(self, problem, library: loader.Library, sizes: tuple[int, int]):
+    def __init__(self, problem, library: loader.Library, sizes: dict):
         self.problem = problem
         self.device = problem.device
         self.forward = library.entry("forward")
         self.backward = library.entry("backward")
         self.workspace_bytes = 0
-        if sizes[0]:
+        if next(iter(sizes.values())):
             out = ctypes.c_int64(-1)
-            library.entry("workspace_bytes")([*sizes, ctypes.addressof(out)], 0)
+            library.entry("workspace_bytes")(0, **sizes, out=ctypes.addressof(out))
             self.workspace_bytes = out.value
 
 
@@ -400,7 +400,7 @@ class Plans:
     """The :class:`Plan` of each problem of one family package, made on first use.
 
     ``select(manifest, problem, arch)`` routes a problem to a program; ``sizes(problem)`` gives
-    the ``workspace_bytes`` entry's leading arguments.
+    the ``workspace_bytes`` entry's arguments but its ``out``, by name.
     """
 
     __slots__ = ("_package_file", "_select", "_sizes", "_found")

@@ -1,10 +1,12 @@
-"""One-time compiles of shipped program sources into a content-keyed cache (SPEC section 5).
+"""One-time compiles of shipped program sources into a content-keyed cache.
 
-Cache entries live at ``$CAKE_CACHE_DIR/<arch>/nvcc-<version>/<digest>/<library>_<arch>.so``
-(default ``~/.cache/cake``). A compile holds an exclusive ``flock`` on the entry's lock file,
-which the kernel releases if the process dies, writes to a temporary file and publishes it
-with an atomic rename: concurrent processes compile a program once, and a killed compile
-leaves nothing that a later call could load.
+Cache entries live at ``$CAKE_CACHE_DIR/<arch>/<toolchain>/<digest>/<library>_<arch>.so``
+(default ``~/.cache/cake``), where ``<toolchain>`` names the compilers and their versions
+(``nvcc-13.0.88-c++-12.2.0``; ``triton-3.9.0-c++-12.2.0``). A compile holds an exclusive
+``flock`` on the entry's lock file, which the kernel releases if the process dies, builds in a
+private temporary folder with the build's own commands (:func:`toolchain.library_steps`) and
+publishes the library with an atomic rename: concurrent processes compile a program once, and a
+killed compile leaves nothing that a later call could load.
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
-import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from . import manifest as mf
-from .compile_flags import nvcc_command
-
+from . import toolchain as tc
+from . import triton_aot
 
 
 def lock_timeout_s() -> float:
@@ -42,46 +44,47 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "cake"
 
 
-def find_nvcc() -> str | None:
-    """nvcc from ``$CUDA_HOME/bin`` first, then from PATH (the CMake build searches the same)."""
-    cuda_home = os.environ.get("CUDA_HOME")
-    if cuda_home:
-        candidate = Path(cuda_home) / "bin" / "nvcc"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    return shutil.which("nvcc")
+find_nvcc = tc.find_nvcc
 
 
 @functools.lru_cache(maxsize=None)
-def nvcc_version(nvcc: str) -> str:
-    """``13.0.88``-style version of an nvcc binary (part of the cache key)."""
-    output = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                            check=True).stdout
-    match = re.search(r"V(\d+\.\d+\.\d+)", output) or re.search(r"release (\d+\.\d+)", output)
-    if not match:
-        raise RuntimeError(f"{nvcc} --version printed no version: {output.strip()!r}")
-    return match.group(1)
+def compiler_version(tool: str) -> str:
+    """A compiler's version (part of the cache key), asked once per process."""
+    return tc.tool_version(tool)
 
 
-def unavailable_reason() -> str | None:
-    """Why a JIT compile cannot happen here, or None when it can."""
+def unavailable_reason(program: mf.Program | None = None) -> str | None:
+    """Why a JIT compile (of ``program``; None: of a CUDA program) cannot happen here, or None."""
     if not jit_allowed():
         return "CAKE_JIT=0 forbids compiling"
+    if tc.find_cxx() is None:
+        return "no host C++ compiler ($CXX, c++ or g++) was found to compile it"
+    if program is not None and program.kind == "triton":
+        return triton_aot.unavailable_reason(program.flags)
     if find_nvcc() is None:
         return "no nvcc was found in $CUDA_HOME/bin or on PATH to compile it"
     return None
 
 
-def entry_dir(program: mf.Program, arch: str, nvcc: str) -> Path:
-    return cache_root() / arch / f"nvcc-{nvcc_version(nvcc)}" / program.digest
+def toolchain_key(program: mf.Program) -> str:
+    """The compilers a cached library was built with, as a folder name."""
+    cxx = tc.find_cxx()
+    host = f"c++-{compiler_version(cxx)}"
+    if program.kind == "triton":
+        return f"triton-{triton_aot.installed_version()}-{host}"
+    return f"nvcc-{compiler_version(find_nvcc())}-{host}"
+
+
+def entry_dir(program: mf.Program, arch: str) -> Path:
+    return cache_root() / arch / toolchain_key(program) / program.digest
 
 
 def cached_path(program: mf.Program, arch: str) -> Path | None:
-    """The cached library for (digest, arch, nvcc version), if one was published."""
-    nvcc = find_nvcc()
-    if nvcc is None:
-        return None
-    path = entry_dir(program, arch, nvcc) / f"{program.library}_{arch}.so"
+    """The cached library for (digest, arch, toolchain), if one was published."""
+    try:
+        path = entry_dir(program, arch) / f"{program.library}_{arch}.so"
+    except (OSError, subprocess.SubprocessError, RuntimeError, TypeError, ValueError):
+        return None  # a compiler is missing or broken: nothing can have been cached with it
     return path if path.is_file() else None
 
 
@@ -92,34 +95,43 @@ def compile_program(tree: mf.PackageTree, manifest: mf.Manifest, program: mf.Pro
     Returns the library's path and whether this call compiled it (False when another
     process published it while this one waited for the lock).
     """
-    nvcc = find_nvcc()
-    directory = entry_dir(program, arch, nvcc)
+    directory = entry_dir(program, arch)
     target = directory / f"{program.library}_{arch}.so"
     directory.mkdir(parents=True, exist_ok=True)
     with _exclusive(directory / "lock"):
         if target.is_file():  # another process published it while we waited
             return target, False
         for stale in directory.glob("*.tmp"):
-            stale.unlink()  # left by a compile that was killed
+            shutil.rmtree(stale, ignore_errors=True)  # left by a compile that was killed
         _verify_sources(tree, manifest, program)
-        temporary = directory / f"{target.name}.{os.getpid()}.tmp"
-        sys.stderr.write(f"cake: compiling {program.library} for {arch} with {nvcc} "
+        sys.stderr.write(f"cake: compiling {program.library} ({program.kind}) for {arch} "
                          f"(one-time; cached in {directory})\n")
         sys.stderr.flush()
-        command = compile_command(nvcc, tree, program, arch, temporary)
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            temporary.unlink(missing_ok=True)
-            raise RuntimeError(f"nvcc failed ({result.returncode}) compiling {program.library} "
-                               f"for {arch}:\n  {' '.join(command)}\n{result.stderr.strip()}")
-        os.replace(temporary, target)
+        work = Path(tempfile.mkdtemp(prefix=f"build.{os.getpid()}.", suffix=".tmp",
+                                     dir=directory))
+        try:
+            output = work / target.name
+            for step in build_steps(tree, program, arch, work, output):
+                result = subprocess.run(step, capture_output=True, text=True)
+                if result.returncode != 0:
+                    raise RuntimeError(
+                        f"compiling {program.library} for {arch} failed ({result.returncode}):\n"
+                        f"  {' '.join(step)}\n{(result.stderr or result.stdout).strip()}")
+            os.replace(output, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return target, True
 
 
-def compile_command(nvcc: str, tree: mf.PackageTree, program: mf.Program, arch: str,
-                    output: Path) -> list[str]:
-    return nvcc_command(nvcc, arch, program.digest, str(tree.include_dir), program.flags,
-                        [str(tree.source_path(s)) for s in program.sources], str(output))
+def build_steps(tree: mf.PackageTree, program: mf.Program, arch: str, work_dir: Path,
+                output: Path) -> list[list[str]]:
+    """The commands that build ``program`` for ``arch`` into ``output``: the AOT build's own."""
+    tools = tc.Tools(nvcc=find_nvcc(), cxx=tc.find_cxx(), python=sys.executable)
+    return tc.library_steps(
+        tools, kind=program.kind, library=program.library, digest=program.digest, arch=arch,
+        include_dir=str(tree.include_dir), flags=program.flags,
+        sources=[tc.Source(s.role, str(tree.source_path(s))) for s in program.sources],
+        work_dir=str(work_dir), output=str(output))
 
 
 def _verify_sources(tree: mf.PackageTree, manifest: mf.Manifest, program: mf.Program) -> None:

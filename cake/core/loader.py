@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import struct
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -21,7 +22,7 @@ from . import jit
 from . import manifest as mf
 
 # Must equal CAKE_ABI_VERSION in csrc/include/cake/program.h (a test keeps them together).
-ABI_VERSION = 1
+ABI_VERSION = 2
 _ERROR_BYTES = 1024
 
 
@@ -115,7 +116,7 @@ def device(index: int) -> Device:
 # --------------------------------------------------------------------------- libraries
 
 
-_MAX_ARGS = 64  # more than any entry takes (the RMSNorm backward takes 17)
+_MAX_ARGS = 64  # more than any entry takes
 
 
 class _ThreadBuffers(threading.local):
@@ -130,36 +131,106 @@ class _ThreadBuffers(threading.local):
 
 
 _buffers = _ThreadBuffers()
+_F32 = struct.Struct("<f")
+_I32 = struct.Struct("<i")
+_F64 = struct.Struct("<d")
+_I64 = struct.Struct("<q")
+
+
+def _pointer(value) -> int:
+    if value is None:
+        return 0
+    return value if isinstance(value, int) else value.data_ptr()
+
+
+def _f32_bits(value) -> int:
+    return _I32.unpack(_F32.pack(value))[0]
+
+
+def _f64_bits(value) -> int:
+    return _I64.unpack(_F64.pack(value))[0]
+
+
+# How a declared argument's value becomes its int64 slot (cake/program.h). Pointers take a
+# tensor (its data_ptr), None (0) or an address; integers pass as they are (the entry checks an
+# i32's range); floats pass as their fp32 or fp64 bits.
+_SLOT = {"pointer": _pointer, "i32": int, "i64": int, "f32": _f32_bits, "f64": _f64_bits}
 
 
 class Entry:
-    """One C entry of a loaded program: ``entry(args, stream)`` launches or raises.
+    """One declared C entry of a loaded program: ``entry(stream, **arguments)`` launches or
+    raises, the arguments named and converted as the manifest declares them.
 
-    This is the hot path of every call: the arguments are copied into the thread's int64 array
-    and the array, stream and message buffer pass as plain addresses (``c_void_p``), so a call is
-    one slice assignment and one ctypes call, with no ctypes object built per call.
+    A call site that runs per training step binds it once instead (:meth:`bind`): the values
+    fixed per problem go in once, and each call passes only what changes (the tensors).
     """
 
-    __slots__ = ("_function", "_name")
+    __slots__ = ("_function", "_name", "declaration", "names", "_slots")
 
-    def __init__(self, function, name: str):
+    def __init__(self, function, name: str, declaration: mf.Entry):
         function.argtypes = (ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
                              ctypes.c_void_p, ctypes.c_int32)
         function.restype = ctypes.c_int
         self._function = function
         self._name = name
+        self.declaration = declaration
+        self.names = tuple(a.name for a in declaration.args)
+        self._slots = tuple(_SLOT[a.kind] for a in declaration.args)
+        if len(self.names) > _MAX_ARGS:
+            raise LibraryRefused(f"{name}: declares {len(self.names)} arguments, more than "
+                                 f"{_MAX_ARGS}")
 
-    def __call__(self, args: Sequence[int], stream: int) -> None:
+    def __call__(self, stream: int, /, **arguments) -> None:
+        self.launch(self.pack(arguments), stream)
+
+    def pack(self, arguments) -> list:
+        """The int64 slots of a call from its named arguments (every declared one, no other)."""
+        if arguments.keys() != set(self.names):
+            missing = [n for n in self.names if n not in arguments]
+            extra = sorted(set(arguments) - set(self.names))
+            raise TypeError(f"{self._name}: missing arguments {missing}, unknown {extra}; it "
+                            f"declares {list(self.names)}")
+        return [convert(arguments[n]) for n, convert in zip(self.names, self._slots)]
+
+    def bind(self, per_call: tuple, **fixed) -> "BoundEntry":
+        """A call with ``fixed`` values in place, taking the ``per_call`` arguments (names, each
+        a pointer) positionally: ``bound(stream, *values)``."""
+        unknown = [n for n in per_call if n not in self.names]
+        kinds = dict(zip(self.names, (a.kind for a in self.declaration.args)))
+        if unknown or any(kinds[n] != "pointer" for n in per_call):
+            raise TypeError(f"{self._name}: bind's per-call arguments must be declared pointers, "
+                            f"got {list(per_call)} of {list(self.names)}")
+        template = self.pack({**fixed, **{n: 0 for n in per_call}})
+        return BoundEntry(self, template, tuple(self.names.index(n) for n in per_call))
+
+    def launch(self, values: list, stream: int) -> None:
         buffers = _buffers
-        count = len(args)
-        if count > _MAX_ARGS:
-            raise ValueError(f"{self._name}: {count} arguments, more than {_MAX_ARGS}")
-        buffers.args[:count] = args
+        count = len(values)
+        buffers.args[:count] = values
         status = self._function(buffers.args_address, count, stream, buffers.error_address,
                                 _ERROR_BYTES)
         if status != 0:
             message = buffers.error.value.decode("utf-8", "replace") or f"status {status}"
             raise RuntimeError(f"{self._name}: {message}")
+
+
+class BoundEntry:
+    """An :class:`Entry` with its per-problem values fixed: ``bound(stream, *pointers)`` (tensors,
+    None or addresses, in the order :meth:`Entry.bind` was given)."""
+
+    __slots__ = ("entry", "_template", "_positions")
+
+    def __init__(self, entry: Entry, template: list, positions: tuple):
+        self.entry = entry
+        self._template = template
+        self._positions = positions
+
+    def __call__(self, stream: int, *values) -> None:
+        slots = self._template.copy()
+        for position, value in zip(self._positions, values):
+            slots[position] = 0 if value is None else (
+                value if value.__class__ is int else value.data_ptr())
+        self.entry.launch(slots, stream)
 
 
 class Library:
@@ -195,11 +266,15 @@ class Library:
                                  f"needs {ABI_VERSION}; rebuild or reinstall")
 
     def entry(self, name: str) -> Entry:
-        """The C entry ``<library>_<name>``, resolved once."""
+        """The declared C entry ``<library>_<name>``, resolved once."""
         found = self._entries.get(name)
         if found is None:
+            declaration = self.program.entry(name)
+            if declaration is None:
+                raise LibraryRefused(f"{self.program.library} declares no entry {name!r} "
+                                     f"(it declares {[e.name for e in self.program.entries]})")
             found = self._entries[name] = Entry(self._symbol(name),
-                                                f"{self.program.library}_{name}")
+                                                f"{self.program.library}_{name}", declaration)
         return found
 
 
@@ -258,7 +333,7 @@ class ProgramSet:
             return "prebuilt"
         if jit.cached_path(program, arch) is not None:
             return "cached"
-        return "would compile" if jit.unavailable_reason() is None else "unsupported"
+        return "would compile" if jit.unavailable_reason(program) is None else "unsupported"
 
     def library(self, program: mf.Program, device_index: int) -> Library:
         """The verified library of ``program`` for GPU ``device_index``; loads it once."""
@@ -284,13 +359,16 @@ class ProgramSet:
         cached = jit.cached_path(program, arch)
         if cached is not None:
             return Library(program, cached, "cached")
-        reason = jit.unavailable_reason()
+        reason = jit.unavailable_reason(program)
         if reason is not None:
+            compiler = ("the pinned Triton" if program.kind == "triton"
+                        else "nvcc on PATH or in $CUDA_HOME/bin")
             raise ProgramUnavailable(
                 f"{program.library} (built for {', '.join(program.arches)}): no prebuilt "
-                f"library for {arch} on {target.describe()} and {reason}. Remedy: install a cake-train wheel built for {arch} "
-                f"(CAKE_CUDA_ARCHS={arch} pip install ...), or allow the one-time compile "
-                "(unset CAKE_JIT, put nvcc on PATH or set CUDA_HOME)")
+                f"library for {arch} on {target.describe()} and {reason}. Remedy: install a "
+                f"cake-train wheel built for {arch} (CAKE_CUDA_ARCHS={arch} pip install ...), "
+                f"or allow the one-time compile (unset CAKE_JIT; it needs {compiler} and a host "
+                "C++ compiler)")
         path, compiled = jit.compile_program(self.tree, self.manifest, program, arch)
         return Library(program, path, "compiled" if compiled else "cached")
 

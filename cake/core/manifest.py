@@ -7,17 +7,25 @@ it runs from a bare checkout, inside a build environment and inside a vendored c
 A manifest describes one family package::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "package": "cake.cake_causal_conv1d_det_train",
       "library_prefix": "cake_causal_conv1d_det_train",
       "headers": [{"path": "cake/program.h", "sha256": "..."}],
-      "programs": [{"library": "<prefix>_<digest>", "digest": "<20 hex>", "kcp": false,
-                    "variant": {...}, "route": {...}, "arches": ["sm_90a"],
+      "programs": [{"library": "<prefix>_<digest>", "digest": "<20 hex>", "kind": "cuda",
+                    "kcp": false, "variant": {...}, "route": {...}, "arches": ["sm_90a"],
                     "sources": [{"role": "kernel", "path": "<library>_kernel.cu", "sha256": "..."},
                                 {"role": "binding", "path": "<library>_binding.cu", "sha256": "..."}],
-                    "headers": ["cake/program.h"], "entries": ["<library>_forward"],
-                    "kernels": ["kernel_<library>_forward"], "flags": ["-O3"]}]
+                    "headers": ["cake/program.h"],
+                    "entries": [{"name": "forward",
+                                 "args": [{"name": "x", "kind": "pointer"}, ...]}],
+                    "kernels": ["kernel_<library>_forward"], "flags": []}]
     }
+
+A program is CUDA (``kind`` ``cuda``: kernel sources compiled by nvcc, a binding compiled by the
+host compiler) or Triton (``triton``: one ``.py`` kernel source per kernel, compiled by the pinned
+Triton, and a rendered launcher binding). Its sources are one ``binding`` and one or more
+kernels, with roles ``kernel`` or ``kernel_<name>``. Each entry is exported by the binding as
+``<library>_<name>`` and takes one int64 slot per declared argument (cake/program.h).
 
 Source paths are relative to the package's csrc folder; header paths are relative to the
 include folder (``csrc/include`` in the repository, ``<package>/csrc/include`` installed).
@@ -32,7 +40,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DIGEST_LENGTH = 20
 # Every occurrence of a program's library name is replaced by this before hashing, so a
 # program keeps its digest when its family is renamed. Templates use it as the library name.
@@ -47,13 +55,17 @@ ARCH_BY_CAPABILITY = {
     (12, 1): "sm_121a",
 }
 KNOWN_ARCHES = tuple(ARCH_BY_CAPABILITY.values())
-SOURCE_ROLES = ("kernel", "binding")
+PROGRAM_KINDS = ("cuda", "triton")
+ARGUMENT_KINDS = ("pointer", "i32", "i64", "f32", "f64")
+# Exports every binding has besides its declared entries (cake/program.h).
+IDENTITY_EXPORTS = ("digest", "abi_version")
 MANIFEST_NAME = "build.json"
 TEST_MANIFEST_NAME = "build.test.json"
 
 _DIGEST_RE = re.compile(r"[0-9a-f]{%d}" % DIGEST_LENGTH)
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ROLE_RE = re.compile(r"binding|kernel(_[a-z0-9]+(_[a-z0-9]+)*)?")
 _PACKAGE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _SCALAR = (str, int, float, bool)
 
@@ -84,6 +96,7 @@ FINDING_CODES = {
     "CM203": "library is not <library_prefix>_<digest>[_kcp]",
     "CM204": "digest is not 20 lowercase hex digits",
     "CM205": "digest or library listed twice",
+    "CM206": "program lists a source role more than once, or no binding and kernel",
     "CM301": "listed source file is missing",
     "CM302": "source path is absolute or leaves the package's csrc folder",
     "CM303": "source path goes through a symbolic link",
@@ -91,6 +104,8 @@ FINDING_CODES = {
     "CM305": "source file name does not carry the library name",
     "CM306": "kernel or entry symbol does not carry the library name or is not in its source",
     "CM307": "file in the csrc folder that no manifest lists",
+    "CM308": "binding does not export exactly the declared entries (plus digest and abi_version)",
+    "CM309": "binding's rendered argument declaration differs from the manifest's entry",
     "CM401": "recomputed digest differs from the recorded digest",
     "CM501": "unknown arch",
     "CM601": "header file is missing",
@@ -119,11 +134,31 @@ class Source:
     """One source file of a program."""
 
     role: str
-    """``kernel`` (the CUDA kernels) or ``binding`` (the C entry points)."""
+    """``binding`` (the C entry points), ``kernel`` or ``kernel_<name>`` (device code)."""
     path: str
     """Relative to the package's csrc folder, ``/``-separated."""
     sha256: str
     """Lowercase hex sha256 of the file's bytes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Argument:
+    """One declared argument of a C entry."""
+
+    name: str
+    """A C identifier; the binding's argument struct has a field of this name."""
+    kind: str
+    """``pointer``, ``i32``, ``i64``, ``f32`` or ``f64``: how its int64 slot is read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One C entry of a program, exported as ``<library>_<name>``."""
+
+    name: str
+    """The entry's name, e.g. ``forward``."""
+    args: tuple
+    """Its :class:`Argument` list, in slot order (the stream is a separate parameter)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +179,8 @@ class Program:
     """``<library_prefix>_<digest>``, plus ``_kcp`` for context-parallel-only programs."""
     digest: str
     """First 20 hex digits of the program digest (see :func:`program_digest`)."""
+    kind: str
+    """``cuda`` or ``triton``: how its kernel sources are compiled."""
     kcp: bool
     """True for programs that only context parallelism uses."""
     variant: dict
@@ -157,11 +194,21 @@ class Program:
     headers: tuple
     """Paths of the shared headers it includes, in digest order."""
     entries: tuple
-    """Exported C entry symbols, each ``<library>_<name>``."""
+    """Its declared C :class:`Entry` points."""
     kernels: tuple
-    """``__global__`` kernel symbols, each ``kernel_<library>[_<name>]``."""
+    """Kernel symbols, each ``kernel_<library>[_<name>]``."""
     flags: tuple
-    """Extra nvcc flags; part of the digest."""
+    """Extra compile flags (nvcc's, or a Triton program's compiler and options); in the digest."""
+
+    def entry(self, name: str) -> "Entry | None":
+        return next((e for e in self.entries if e.name == name), None)
+
+    def source(self, role: str) -> "Source | None":
+        return next((s for s in self.sources if s.role == role), None)
+
+    def kernel_sources(self) -> tuple:
+        """The sources of device code, in manifest order."""
+        return tuple(s for s in self.sources if s.role != "binding")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,21 +241,25 @@ _FIELDS = {
     },
     Header: {"path": "relpath", "sha256": "sha256"},
     Source: {"role": "role", "path": "relpath", "sha256": "sha256"},
+    Argument: {"name": "identifier", "kind": "argkind"},
+    Entry: {"name": "identifier", "args": ["Argument"]},
     Program: {
         "library": "identifier",
         "digest": "string",
+        "kind": "programkind",
         "kcp": "bool",
         "variant": "scalars",
         "route": "scalars",
         "arches": ["arch"],
         "sources": ["Source"],
         "headers": ["relpath"],
-        "entries": ["identifier"],
+        "entries": ["Entry"],
         "kernels": ["identifier"],
         "flags": ["string"],
     },
 }
-_CLASSES = {"Manifest": Manifest, "Header": Header, "Source": Source, "Program": Program}
+_CLASSES = {"Manifest": Manifest, "Header": Header, "Source": Source, "Argument": Argument,
+            "Entry": Entry, "Program": Program}
 
 
 class _Parser:
@@ -279,7 +330,10 @@ def _check_scalar(kind: str, value: Any) -> str | None:
                    "expected 64 lowercase hex digits"),
         "relpath": (lambda v: isinstance(v, str) and v != "" and "\\" not in v,
                     "expected a non-empty /-separated path"),
-        "role": (lambda v: v in SOURCE_ROLES, f"expected one of {', '.join(SOURCE_ROLES)}"),
+        "role": (lambda v: isinstance(v, str) and _ROLE_RE.fullmatch(v),
+                 "expected binding, kernel or kernel_<name>"),
+        "argkind": (lambda v: v in ARGUMENT_KINDS, f"expected one of {', '.join(ARGUMENT_KINDS)}"),
+        "programkind": (lambda v: v in PROGRAM_KINDS, f"expected one of {', '.join(PROGRAM_KINDS)}"),
         "arch": (lambda v: v in KNOWN_ARCHES, f"unknown arch; known: {', '.join(KNOWN_ARCHES)}"),
         "scalars": (lambda v: isinstance(v, dict) and all(
             isinstance(k, str) and isinstance(x, _SCALAR) for k, x in v.items()),
@@ -351,7 +405,9 @@ def json_schema() -> dict:
         "package": {"type": "string", "pattern": f"^{_PACKAGE_RE.pattern}$"},
         "sha256": {"type": "string", "pattern": f"^{_SHA256_RE.pattern}$"},
         "relpath": {"type": "string", "minLength": 1, "pattern": r"^[^\\]*$"},
-        "role": {"enum": list(SOURCE_ROLES)},
+        "role": {"type": "string", "pattern": f"^({_ROLE_RE.pattern})$"},
+        "argkind": {"enum": list(ARGUMENT_KINDS)},
+        "programkind": {"enum": list(PROGRAM_KINDS)},
         "arch": {"enum": list(KNOWN_ARCHES)},
         "scalars": {"type": "object",
                     "additionalProperties": {"type": ["string", "number", "boolean"]}},
@@ -429,18 +485,66 @@ def program_digest(library: str, sources: list[tuple[str, bytes]],
 
 _KERNEL_RE = re.compile(
     r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s+)?(?:void\s+)?(\w+)\s*\(")
+# A kernel defined through a family header's macro: CAKE_<...>KERNEL(<symbol>, ...).
+_KERNEL_MACRO_RE = re.compile(r"^\s*CAKE_\w*KERNEL\s*\(\s*(\w+)", re.MULTILINE)
+# A Triton program's kernel: a @triton.jit function.
+_TRITON_KERNEL_RE = re.compile(r"^@triton\.jit\s*\ndef\s+(\w+)\s*\(", re.MULTILINE)
 # Not on preprocessor lines: a header may define CAKE_EXPORT itself.
 _ENTRY_RE = re.compile(r"^[^#\n]*?\bCAKE_EXPORT\b[^(;{]*?\b(\w+)\s*\(", re.MULTILINE)
+_ENTRIES_BLOCK_RE = re.compile(r"// cake:entries\n(.*?)// cake:end-entries\n", re.DOTALL)
+_ENTRY_DEFINE_RE = re.compile(r"#define CAKE_ENTRY_(\w+)\(X\)((?: X\(\w+, \w+\))*)")
+_ENTRY_ARG_RE = re.compile(r" X\((\w+), (\w+)\)")
 
 
-def kernel_symbols(text: str) -> list[str]:
-    """Names of the ``__global__`` functions defined in a kernel source, in order."""
-    return list(dict.fromkeys(_KERNEL_RE.findall(text)))
+def kernel_symbols(text: str, kind: str = "cuda") -> list[str]:
+    """Names of the kernels a kernel source defines, in order: its ``__global__`` functions and
+    the kernels it defines through a family header's ``CAKE_*KERNEL(<symbol>, ...)`` macro, or a
+    Triton source's ``@triton.jit`` functions."""
+    if kind == "triton":
+        return list(dict.fromkeys(_TRITON_KERNEL_RE.findall(text)))
+    found = [(m.start(), m.group(1)) for m in _KERNEL_RE.finditer(text)]
+    found += [(m.start(), m.group(1)) for m in _KERNEL_MACRO_RE.finditer(text)]
+    return list(dict.fromkeys(name for _, name in sorted(found)))
+
+
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"|\bcake_include\(\s*"([^"]+)"\s*\)',
+                         re.MULTILINE)
+
+
+def included_headers(text: str) -> list[str]:
+    """The include folder's files a source uses, in order: quoted ``#include``s of C++ and
+    ``cake_include("...")`` calls of Triton sources (cake/core/triton_aot.py)."""
+    return [a or b for a, b in _INCLUDE_RE.findall(text)]
 
 
 def entry_symbols(text: str) -> list[str]:
     """Names of the ``CAKE_EXPORT`` functions defined in a binding source, in order."""
     return list(dict.fromkeys(_ENTRY_RE.findall(text)))
+
+
+def entries_block(entries: tuple) -> str:
+    """The ``// cake:entries`` block of a binding: one X-macro a declared entry (cake/program.h),
+    the C side of the declaration that Python packs calls from."""
+    lines = ["// cake:entries"]
+    for entry in entries:
+        args = "".join(f" X({a.kind}, {a.name})" for a in entry.args)
+        lines.append(f"#define CAKE_ENTRY_{entry.name}(X){args}")
+    return "\n".join(lines + ["// cake:end-entries"]) + "\n"
+
+
+def rendered_entries(text: str) -> tuple | None:
+    """The entries a binding's ``// cake:entries`` block declares (None without the block)."""
+    block = _ENTRIES_BLOCK_RE.search(text)
+    if block is None:
+        return None
+    entries = []
+    for line in block.group(1).splitlines():
+        define = _ENTRY_DEFINE_RE.fullmatch(line)
+        if define is None:
+            return None
+        args = tuple(Argument(name, kind) for kind, name in _ENTRY_ARG_RE.findall(define.group(2)))
+        entries.append(Entry(define.group(1), args))
+    return tuple(entries)
 
 
 def expected_prefix(package: str) -> str:
@@ -457,8 +561,10 @@ def is_digest(value: str) -> bool:
     return bool(_DIGEST_RE.fullmatch(value))
 
 
-def source_file_name(library: str, role: str) -> str:
-    return f"{library}_{role}.cu"
+def source_file_name(library: str, role: str, kind: str = "cuda") -> str:
+    """``<library>_<role>.cu``, or ``.py`` for a Triton program's kernel sources."""
+    suffix = ".py" if kind == "triton" and role != "binding" else ".cu"
+    return f"{library}_{role}{suffix}"
 
 
 # --------------------------------------------------------------------------- layouts

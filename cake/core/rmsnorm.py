@@ -257,7 +257,7 @@ class ForwardCall:
     the signature fixes (rows, cols, the weight's dtype flag, eps's fp32 bits; weight_offset's
     are taken per call, since 0.0 and -0.0 share a signature) and the shape of rstd."""
 
-    __slots__ = ("plan", "rows", "cols", "weight_fp32", "eps_bits", "rstd_shape")
+    __slots__ = ("plan", "rows", "cols", "weight_fp32", "eps", "rstd_shape")
 
     def __init__(self, plan: host.Plan, x: torch.Tensor, eps: float):
         problem = plan.problem
@@ -265,7 +265,7 @@ class ForwardCall:
         self.rows = problem.rows
         self.cols = problem.cols
         self.weight_fp32 = int(problem.weight_fp32)
-        self.eps_bits = fp32_bits(eps)
+        self.eps = eps
         # (rows,) for 2-D x; an int size allocates faster than a Size.
         self.rstd_shape = problem.rows if x.dim() == 2 else x.shape[:-1]
 
@@ -282,7 +282,8 @@ class Programs:
     def __init__(self, package_file: str, *, gated: bool):
         self._package_file = package_file
         self._gated = gated
-        self.plan = host.Plans(package_file, select, lambda problem: (problem.rows, problem.cols))
+        self.plan = host.Plans(package_file, select,
+                               lambda problem: {"rows": problem.rows, "cols": problem.cols})
         self._forward_calls = host.Memo()
         self._backward_plans = host.Memo()
 
@@ -368,10 +369,10 @@ class Programs:
             rstd = x.new_empty(call.rstd_shape, dtype=torch.float32)
         if call.rows:
             call.plan.forward(
-                [x.data_ptr(), _ptr(residual), _ptr(gate), weight.data_ptr(), y.data_ptr(),
-                 _ptr(residual_out), rstd.data_ptr(), call.rows, call.cols, call.weight_fp32,
-                 call.eps_bits, fp32_bits(weight_offset)],
-                host.stream_handle(call.plan.device))
+                host.stream_handle(call.plan.device), x=x, residual=residual, gate=gate,
+                weight=weight, y=y, residual_out=residual_out, rstd=rstd, rows=call.rows,
+                cols=call.cols, weight_fp32=call.weight_fp32, eps=call.eps,
+                weight_offset=weight_offset)
         return y, residual_out, rstd
 
     def forward_helper(self, x, gate, weight, residual, eps, weight_offset, out, residual_out,
@@ -418,11 +419,11 @@ class Programs:
             dweight = torch.empty_like(weight, dtype=grad_dtype)
         workspace, size = host.workspace_or_new(plan, workspace, x)
         plan.backward(
-            [x.data_ptr(), _ptr(gate), weight.data_ptr(), dy.data_ptr(), rstd.data_ptr(),
-             _ptr(dsum), dx.data_ptr(), _ptr(dresidual), _ptr(dg), _ptr(workspace), size,
-             dweight.data_ptr(), problem.rows, problem.cols, int(problem.weight_fp32),
-             _DTYPE_CODES[dweight.dtype], fp32_bits(weight_offset)],
-            host.stream_handle(plan.device))
+            host.stream_handle(plan.device), s=x, gate=gate, weight=weight, dy=dy, rstd=rstd,
+            dsum=dsum, dx=dx, dresidual=dresidual, dgate=dg, workspace=workspace,
+            workspace_bytes=size, dweight=dweight, rows=problem.rows, cols=problem.cols,
+            weight_fp32=int(problem.weight_fp32), dweight_dtype=_DTYPE_CODES[dweight.dtype],
+            weight_offset=weight_offset)
         return dx, dg, dresidual, dweight
 
     def autograd_backward(self, plan: host.Plan, *, s, gate, weight, rstd, dy, dsum,

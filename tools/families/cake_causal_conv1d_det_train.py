@@ -58,9 +58,23 @@ def _specs():
         )
 
 
+# The C entries (csrc/include/cake/causal_conv1d/entries.h): pointers are device addresses (0 for
+# none) but workspace_bytes' out, a host int64; without cu_seqlens the tokens are documents of
+# doc_len tokens.
+_INPUTS = (("x", "pointer"), ("weight", "pointer"), ("bias", "pointer"), ("cu_seqlens", "pointer"))
+_SIZES = (("tokens", "i64"), ("channels", "i64"), ("num_docs", "i64"), ("doc_len", "i64"))
+ENTRIES = {
+    "forward": (*_INPUTS, ("y", "pointer"), *_SIZES, ("weight_fp32", "i32")),
+    "backward": (*_INPUTS, ("dy", "pointer"), ("dx", "pointer"), ("dweight", "pointer"),
+                 ("dbias", "pointer"), ("workspace", "pointer"), ("workspace_bytes", "i64"),
+                 *_SIZES, ("weight_fp32", "i32"), ("grad_fp32", "i32")),
+    "workspace_bytes": (("tokens", "i64"), ("channels", "i64"), ("out", "pointer")),
+}
+
 FAMILY = Family(
     name="cake_causal_conv1d_det_train",
     templates={"kernel": "csrc/templates/causal_conv1d/kernel.cu",
                "binding": "csrc/templates/causal_conv1d/binding.cu"},
+    entries=ENTRIES,
     specs=tuple(_specs()),
 )

@@ -6,7 +6,8 @@ The same programs as ``cake_rmsnorm_det_train`` (same templates, variant and rou
 ``GATED_TUNING`` and its own forward bands (``VECTOR_BANDS``): 12 programs.
 """
 
-from tools.families.cake_rmsnorm_det_train import TEMPLATES, specs
+from tools.families.cake_rmsnorm_det_train import ENTRIES, TEMPLATES, specs
 from tools.render import Family
 
-FAMILY = Family(name="cake_gated_rmsnorm_det_train", templates=TEMPLATES, specs=specs(gated=True))
+FAMILY = Family(name="cake_gated_rmsnorm_det_train", templates=TEMPLATES, entries=ENTRIES,
+                specs=specs(gated=True))

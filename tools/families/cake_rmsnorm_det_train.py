@@ -247,4 +247,20 @@ def specs(gated: bool) -> tuple:
         for route, knobs in bands(dtype, load, gated))
 
 
-FAMILY = Family(name="cake_rmsnorm_det_train", templates=TEMPLATES, specs=specs(gated=False))
+# The C entries (csrc/include/cake/rmsnorm/entries.h), shared by both RMSNorm families: pointers
+# are device addresses (0 for none) but workspace_bytes' out, a host int64.
+_SIZES = (("rows", "i64"), ("cols", "i64"), ("weight_fp32", "i32"))
+ENTRIES = {
+    "forward": (("x", "pointer"), ("residual", "pointer"), ("gate", "pointer"),
+                ("weight", "pointer"), ("y", "pointer"), ("residual_out", "pointer"),
+                ("rstd", "pointer"), *_SIZES, ("eps", "f32"), ("weight_offset", "f32")),
+    "backward": (("s", "pointer"), ("gate", "pointer"), ("weight", "pointer"), ("dy", "pointer"),
+                 ("rstd", "pointer"), ("dsum", "pointer"), ("dx", "pointer"),
+                 ("dresidual", "pointer"), ("dgate", "pointer"), ("workspace", "pointer"),
+                 ("workspace_bytes", "i64"), ("dweight", "pointer"), *_SIZES,
+                 ("dweight_dtype", "i32"), ("weight_offset", "f32")),
+    "workspace_bytes": (("rows", "i64"), ("cols", "i64"), ("out", "pointer")),
+}
+
+FAMILY = Family(name="cake_rmsnorm_det_train", templates=TEMPLATES, entries=ENTRIES,
+                specs=specs(gated=False))

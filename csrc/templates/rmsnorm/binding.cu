@@ -1,52 +1,52 @@
-// C entry points of an RMSNorm program (see cake/program.h for the ABI and
-// cake/rmsnorm_binding.cuh for the argument layouts and checks):
-//   forward (12 args), backward (17 args), workspace_bytes (3 args).
-#include <cstdint>
-
-#include "cake/program.h"
-#include "cake/rmsnorm_binding.cuh"
-
+// C entries of one RMSNorm program (both families; cake/program.h: the ABI;
+// cake/rmsnorm/entries.h: the checks and launches).
 // cake:params
 #define CAKE_DTYPE 0
 #define CAKE_VECTOR 1
 #define CAKE_GATED 0
+#define CAKE_FORWARD_STAGES 3
+#define CAKE_BACKWARD_STAGES 2
+#define CAKE_FORWARD_MIN_ELEMS_PER_THREAD 16
+#define CAKE_BACKWARD_MIN_ELEMS_PER_THREAD 16
+#define CAKE_FORWARD_MAX_ROW_THREADS 512
+#define CAKE_BACKWARD_MAX_ROW_THREADS 512
+#define CAKE_FORWARD_COMMON_WIDTHS 1
+#define CAKE_BACKWARD_COMMON_WIDTHS 0
 #define CAKE_COLS_MIN 1
 #define CAKE_COLS_MAX 16384
+#define CAKE_FORWARD_CTA_THREADS 256
+#define CAKE_BACKWARD_CTA_THREADS 256
+#define CAKE_L2_PREFETCH 0
+#define CAKE_FORWARD_WEIGHTS 0
+#define CAKE_BACKWARD_WEIGHTS 2
+#define CAKE_FORWARD_CTA_ROWS 0
+#define CAKE_BACKWARD_BANDS 1024
+#define CAKE_BACKWARD_OVERLAP_STAGING 0
+#define CAKE_BACKWARD_INTERLEAVE 0
+#define CAKE_BACKWARD_GUIDED 0
+#define CAKE_FORWARD_MIN_BLOCKS 3
+#define CAKE_BACKWARD_MIN_BLOCKS 2
 // cake:end-params
-
-cudaError_t cake_library_launch_forward(const cake::rmsnorm::ForwardParams& p, cudaStream_t stream);
-cudaError_t cake_library_launch_backward(const cake::rmsnorm::BackwardParams& p, int64_t ctas,
-                                         cudaStream_t stream);
-cudaError_t cake_library_launch_dweight(const cake::rmsnorm::DweightParams& p, cudaStream_t stream);
-cake::rmsnorm::BackwardPartition cake_library_backward_partition(int64_t rows, int cols);
-
-namespace {
-
-constexpr int kElemBytes = CAKE_DTYPE == 2 ? 4 : 2;
-constexpr cake::rmsnorm::ProgramShape kShape{kElemBytes, CAKE_VECTOR ? 16 / kElemBytes : 1, CAKE_GATED != 0,
-                                              CAKE_COLS_MIN, CAKE_COLS_MAX};
-constexpr cake::rmsnorm::Launchers kLaunchers{cake_library_launch_forward, cake_library_launch_backward,
-                                              cake_library_launch_dweight,
-                                              cake_library_backward_partition};
-
-}  // namespace
+// cake:entries
+// cake:end-entries
+#define CAKE_LIBRARY_NAME "cake_library"
+#include "cake/image.h"
+#include "cake/rmsnorm/entries.h"
 
 CAKE_EXPORT const char* cake_library_digest(void) { return CAKE_PROGRAM_DIGEST; }
-
 CAKE_EXPORT int cake_library_abi_version(void) { return CAKE_ABI_VERSION; }
 
-CAKE_EXPORT int cake_library_forward(const int64_t* args, int32_t nargs, void* stream, char* error,
-                                     int32_t error_len) {
-  return cake::rmsnorm::forward_entry(kShape, kLaunchers, args, nargs, stream, error, error_len);
+CAKE_EXPORT int cake_library_forward(CAKE_ENTRY_PARAMS) {
+  using namespace cake::rmsnorm::program;
+  return cake::call_entry<ForwardArgs>(forward, "forward", CAKE_ENTRY_ARGS);
 }
 
-CAKE_EXPORT int cake_library_backward(const int64_t* args, int32_t nargs, void* stream, char* error,
-                                      int32_t error_len) {
-  return cake::rmsnorm::backward_entry(kShape, kLaunchers, args, nargs, stream, error, error_len);
+CAKE_EXPORT int cake_library_backward(CAKE_ENTRY_PARAMS) {
+  using namespace cake::rmsnorm::program;
+  return cake::call_entry<BackwardArgs>(backward, "backward", CAKE_ENTRY_ARGS);
 }
 
-CAKE_EXPORT int cake_library_workspace_bytes(const int64_t* args, int32_t nargs, void* stream,
-                                             char* error, int32_t error_len) {
-  (void)stream;
-  return cake::rmsnorm::workspace_entry(kShape, kLaunchers, args, nargs, error, error_len);
+CAKE_EXPORT int cake_library_workspace_bytes(CAKE_ENTRY_PARAMS) {
+  using namespace cake::rmsnorm::program;
+  return cake::call_entry<WorkspaceArgs>(query_workspace_bytes, "workspace_bytes", CAKE_ENTRY_ARGS);
 }
