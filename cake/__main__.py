@@ -12,7 +12,7 @@ from typing import Sequence
 
 from . import __version__
 from .checker import UsageError, check_tree
-from .core import jit, loader
+from .core import jit, loader, toolchain, triton_aot
 
 
 def family_dirs() -> list[Path]:
@@ -33,11 +33,14 @@ def _devices() -> tuple[list[loader.Device], str]:
 
 
 def _toolchain_line() -> str:
-    nvcc = jit.find_nvcc()
-    compiler = f"nvcc {jit.nvcc_version(nvcc)} ({nvcc})" if nvcc else "nvcc not found"
+    nvcc, cxx = toolchain.find_nvcc(), toolchain.find_cxx()
+    parts = [f"nvcc {jit.compiler_version(nvcc)} ({nvcc})" if nvcc else "nvcc not found",
+             f"host c++ {jit.compiler_version(cxx)} ({cxx})" if cxx else "host c++ not found",
+             f"triton {triton_aot.installed_version() or 'not installed'} (Triton programs need "
+             f"{triton_aot.TRITON_VERSION})"]
     reason = jit.unavailable_reason()
-    state = "JIT allowed" if reason is None else f"JIT unavailable: {reason}"
-    return f"{compiler}; {state}; cache {jit.cache_root()}"
+    parts.append("JIT allowed" if reason is None else f"JIT unavailable: {reason}")
+    return "; ".join(parts) + f"; cache {jit.cache_root()}"
 
 
 def _torch_line() -> str:
@@ -64,12 +67,20 @@ def info() -> int:
         print(f"\n{manifest.package}: {len(manifest.programs)} program(s)")
         for program in manifest.programs:
             variant = " ".join(f"{k}={v}" for k, v in sorted(program.variant.items()))
-            if devices:
-                states = programs.state(program, devices[0].arch)
-            else:
-                states = " ".join(f"{a}:{programs.state(program, a)}" for a in program.arches)
-            print(f"  {program.library}  [{variant}]  {states}")
+            route = " ".join(f"{k}={v}" for k, v in sorted(program.route.items()))
+            arches = [devices[0].arch] if devices else program.arches
+            states = " ".join(f"{a}:{_state(programs, program, a)}" for a in arches)
+            print(f"  {program.library}  {program.kind}  [{variant}] [{route}]  {states}")
     return 0
+
+
+def _state(programs: loader.ProgramSet, program, arch) -> str:
+    """A program's state for an arch, with the prebuilt library's size."""
+    state = programs.state(program, arch)
+    path = programs.prebuilt_path(program, arch) if arch else None
+    if state == "prebuilt" and path is not None:
+        state += f" ({path.stat().st_size / 1024:.0f} KB)"
+    return state
 
 
 def selftest() -> int:

@@ -142,7 +142,7 @@ class _TreeCheck:
         if mf.sha256_hex(data) != source.sha256:
             problems.append(Finding(path, f"{field}.sha256", "CM304",
                                     f"{source.path} differs from its recorded sha256"))
-        wanted = mf.source_file_name(program.library, source.role)
+        wanted = mf.source_file_name(program.library, source.role, program.kind)
         if PurePosixPath(source.path).name != wanted:
             problems.append(Finding(path, f"{field}.path", "CM305",
                                     f"{source.path} should be named {wanted}"))
@@ -153,7 +153,8 @@ class _TreeCheck:
         if not csrc.is_dir():
             return
         for directory, dirnames, filenames in os.walk(csrc, onerror=_raise):
-            dirnames.sort()
+            # Bytecode an import of a Triton source may leave is not a source.
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for name in sorted(filenames):
                 file = os.path.normpath(os.path.join(directory, name))
                 if file not in self.listed:

@@ -1,16 +1,14 @@
 """Autograd function and public entries of the causal conv1d family.
 
-Eager calls launch first, then record the call in autograd through a subclass of
-:class:`CakeCausalConv1dDetFunction` (a plain ``autograd.Function``: the least host work per call;
-see ``host.eager_apply``). Under ``torch.compile`` the functional uses the custom ops
-``<package>::forward`` / ``<package>::backward`` (see ``host.op_name``) instead, which the
-compiler treats as opaque (fake implementations give the output shapes). Both launch through
-:func:`_forward_into` and :func:`_backward_into`.
+The functional and its class come from the family skeleton (``core.autograd.Differentiable``):
+eager calls launch first, then record the call in autograd; under ``torch.compile`` the opaque
+custom ops ``<package>::conv1d`` / ``::conv1d_backward`` run instead. Both launch through
+:func:`_forward` and :func:`_backward`.
 
-Host path: a call's signature (``host.signature``) keys a memo of its :class:`host.Plan`
-(validated problem, program entries, backward workspace size), so a call whose signature was
-seen before runs only the ``recheck_*`` checks and one entry call; the autograd backward
-reuses the forward's plan.
+Host path: a call's signature (``plans.signature``) keys a memo of its :class:`plans.Plan`
+(validated problem, the program's entries bound to it, backward workspace size), so a call
+whose signature was seen before runs only the ``recheck_*`` checks and one entry call; the
+autograd backward reuses the forward's plan.
 
 CUDA graphs: the entries never synchronize and, with ``out``/``dx``/``dweight``/``dbias``/
 ``workspace`` given, never allocate. cu_seqlens' values are checked (one device read) only when
@@ -24,21 +22,33 @@ from typing import Optional
 
 import torch
 
-from ..core import host
+from ..core import autograd, plans
 from . import _routes
 from ._validate import (DTYPES, recheck_backward, recheck_forward, validate_backward,
                         validate_forward, validate_inputs)
 
-# Problem -> Plan (route, entries, workspace size), and call signature -> Plan.
-_plan = host.Plans(__file__, _routes.select,
-                   lambda problem: {"tokens": problem.tokens, "channels": problem.channels})
-_forward_plans = host.Memo()
-_backward_plans = host.Memo()
+
+def _bindings(problem) -> dict:
+    """The program's entries bound to a problem: sizes fixed, tensors per call."""
+    sizes = {"tokens": problem.tokens, "channels": problem.channels, "num_docs": problem.num_docs,
+             "doc_len": problem.doc_len, "weight_fp32": int(problem.weight_fp32)}
+    return {
+        "forward": (("x", "weight", "bias", "cu_seqlens", "y"), sizes),
+        "backward": (("x", "weight", "bias", "cu_seqlens", "dy", "dx", "dweight", "dbias",
+                      "workspace", "workspace_bytes", "grad_fp32"), sizes),
+    }
 
 
-def _forward_plan(x, weight, bias, cu_seqlens, activation, out) -> host.Plan:
-    # No closures here: their cells would be made on every call (see host.Memo).
-    key = host.signature(x, weight, bias, cu_seqlens, out, activation)
+# Problem -> Plan, and call signature -> Plan.
+_plan = plans.Plans(__file__, _routes.select, _bindings,
+                    lambda problem: {"tokens": problem.tokens, "channels": problem.channels})
+_forward_plans = plans.Memo()
+_backward_plans = plans.Memo()
+
+
+def _forward_plan(x, weight, bias, cu_seqlens, activation, out) -> plans.Plan:
+    # No closures here: their cells would be made on every call (see plans.Memo).
+    key = plans.signature(x, weight, bias, cu_seqlens, out, activation)
     plan = _forward_plans.get(key)
     if plan is None:
         return _forward_plans.put(key, _plan(validate_forward(x, weight, bias, cu_seqlens,
@@ -48,9 +58,9 @@ def _forward_plan(x, weight, bias, cu_seqlens, activation, out) -> host.Plan:
 
 
 def _backward_plan(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight, dbias,
-                   workspace) -> host.Plan:
-    key = host.signature(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
-                         activation, grad_dtype)
+                   workspace) -> plans.Plan:
+    key = plans.signature(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
+                          activation, grad_dtype)
     plan = _backward_plans.get(key)
     if plan is None:
         return _backward_plans.put(key, _plan(validate_backward(
@@ -65,27 +75,17 @@ def _workspace_need(problem) -> int:
     return _plan(problem).workspace_bytes
 
 
-def _forward_into(plan: host.Plan, x, weight, bias, cu_seqlens, y) -> None:
-    problem = plan.problem
-    plan.forward(host.stream_handle(plan.device), x=x, weight=weight, bias=bias,
-                 cu_seqlens=cu_seqlens, y=y, tokens=problem.tokens, channels=problem.channels,
-                 num_docs=problem.num_docs, doc_len=problem.doc_len,
-                 weight_fp32=int(problem.weight_fp32))
+def _launch_forward(x, weight, bias, cu_seqlens, activation, out=None) -> tuple:
+    """Validates, allocates y (unless given) and launches: ``(plan, y)``."""
+    plan = _forward_plan(x, weight, bias, cu_seqlens, activation, out)
+    y = torch.empty_like(x) if out is None else out
+    if plan.problem.tokens:
+        plan.forward(plans.stream_handle(plan.device), x, weight, bias, cu_seqlens, y)
+    return plan, y
 
 
-def _backward_into(plan: host.Plan, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias,
-                   workspace, workspace_bytes: int) -> None:
-    problem = plan.problem
-    plan.backward(host.stream_handle(plan.device), x=x, weight=weight, bias=bias,
-                  cu_seqlens=cu_seqlens, dy=dy, dx=dx, dweight=dweight, dbias=dbias,
-                  workspace=workspace, workspace_bytes=workspace_bytes, tokens=problem.tokens,
-                  channels=problem.channels, num_docs=problem.num_docs, doc_len=problem.doc_len,
-                  weight_fp32=int(problem.weight_fp32),
-                  grad_fp32=int(dweight.dtype == torch.float32))
-
-
-def _backward(plan: host.Plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=None,
-              dweight=None, dbias=None, workspace=None):
+def _launch_backward(plan: plans.Plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=None,
+                     dweight=None, dbias=None, workspace=None):
     """Allocates what the caller did not provide, then launches; returns (dx, dweight, dbias)."""
     if dx is None:
         dx = torch.empty_like(x)
@@ -93,8 +93,9 @@ def _backward(plan: host.Plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx=N
         dweight = torch.empty_like(weight, dtype=grad_dtype)
     if dbias is None and bias is not None:
         dbias = torch.empty_like(bias, dtype=grad_dtype)
-    workspace, size = host.workspace_or_new(plan, workspace, x)
-    _backward_into(plan, dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace, size)
+    workspace, size = plans.workspace_or_new(plan, workspace, x)
+    plan.backward(plans.stream_handle(plan.device), x, weight, bias, cu_seqlens, dy, dx, dweight,
+                  dbias, workspace, size, int(dweight.dtype == torch.float32))
     return dx, dweight, dbias
 
 
@@ -126,7 +127,7 @@ def cake_causal_conv1d_det_train_forward(
         >>> cu = torch.tensor([0, 300, 1000], device="cuda", dtype=torch.int32)
         >>> y = cake_causal_conv1d_det_train_forward(x, w, None, cu)
     """
-    return _launch(x, weight, bias, cu_seqlens, activation, out)[1]
+    return _launch_forward(x, weight, bias, cu_seqlens, activation, out)[1]
 
 
 def cake_causal_conv1d_det_train_backward(
@@ -158,8 +159,8 @@ def cake_causal_conv1d_det_train_backward(
     """
     plan = _backward_plan(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, dx, dweight,
                           dbias, workspace)
-    return _backward(plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx, dweight, dbias,
-                     workspace)
+    return _launch_backward(plan, dy, x, weight, bias, cu_seqlens, grad_dtype, dx, dweight,
+                            dbias, workspace)
 
 
 def cake_causal_conv1d_det_train_backward_workspace_bytes(
@@ -183,100 +184,49 @@ def is_cake_causal_conv1d_det_train_supported(device: Optional[torch.device | in
                                               dtype: torch.dtype = torch.bfloat16) -> bool:
     """True when a CUDA device is present (``device``, default the current one), its arch is
     one the programs are built for, and ``dtype`` (x's) is bf16 or fp16. Compiles nothing."""
-    return host.supported(__file__, device, dtype, DTYPES)
+    return plans.supported(__file__, device, dtype, DTYPES)
 
 
 # --------------------------------------------------------------------------- autograd
 
 
-class CakeCausalConv1dDetFunction(torch.autograd.Function):
-    """``apply(x, weight, bias, cu_seqlens, activation)``: y with a deterministic backward.
+def _forward(x, weight, bias, cu_seqlens, activation) -> autograd.Forward:
+    plan, y = _launch_forward(x, weight, bias, cu_seqlens, activation)
+    return autograd.Forward((y,), plan)
+
+
+def _backward(plan, constants, saved, grads) -> dict:
+    x, weight, bias, cu_seqlens = saved
+    (dy,) = grads
+    if dy is None:  # y took no part in the loss
+        return {}
+    # Upstream gradients may be broadcast views (e.g. from .sum()); the kernel reads dense rows,
+    # so this internal copy is needed (autograd gives dy y's shape, dtype and device).
+    dy = dy.contiguous()
+    if plan is None:  # under torch.compile: the forward's plan is not at hand
+        plan = _backward_plan(dy, x, weight, bias, cu_seqlens, constants["activation"],
+                              weight.dtype, None, None, None, None)
+    dx, dweight, dbias = _launch_backward(plan, dy, x, weight, bias, cu_seqlens, weight.dtype)
+    return {"x": dx, "weight": dweight, "bias": dbias}
+
+
+_OP = autograd.Differentiable(
+    package=__package__, name="conv1d", function_name="CakeCausalConv1dDetFunction",
+    module=__name__,
+    doc="""``apply(x, weight, bias, cu_seqlens, activation)``: y with a deterministic backward.
 
     Saves only the inputs; the backward recomputes z. Gradients come in the inputs' dtypes
     (dweight/dbias in the weight's dtype, accumulated in fp32).
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, cu_seqlens, activation):
-        return _keep(ctx, x, weight, bias, cu_seqlens, activation,
-                     _launch(x, weight, bias, cu_seqlens, activation))
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, bias, cu_seqlens = ctx.saved_tensors
-        # Upstream gradients may be broadcast views (e.g. from .sum()); the kernel reads
-        # dense rows, so this internal copy is needed (inputs were checked in forward, and
-        # autograd gives dy y's shape, dtype and device).
-        dx, dweight, dbias = _backward(ctx.plan, dy.contiguous(), x, weight, bias, cu_seqlens,
-                                       weight.dtype)
-        return host.backward_result(len(ctx.needs_input_grad), {0: dx, 1: dweight, 2: dbias})
-
-
-def _launch(x, weight, bias, cu_seqlens, activation, out=None) -> tuple:
-    """Validates, allocates y (unless given) and launches: ``(plan, y)``."""
-    plan = _forward_plan(x, weight, bias, cu_seqlens, activation, out)
-    y = torch.empty_like(x) if out is None else out
-    if plan.problem.tokens:
-        _forward_into(plan, x, weight, bias, cu_seqlens, y)
-    return plan, y
-
-
-def _keep(ctx, x, weight, bias, cu_seqlens, activation, launched):
-    """Keeps what the backward needs from a launched forward; returns y."""
-    plan, y = launched
-    ctx.plan = plan
-    ctx.save_for_backward(x, weight, bias, cu_seqlens)
-    return y
-
-
-_eager_apply = host.eager_apply(CakeCausalConv1dDetFunction, _launch, _keep)
-
-
-# --------------------------------------------------------------------------- torch.compile
-
-
-@torch.library.custom_op(host.op_name(__package__, "forward"), mutates_args=())
-def _forward_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                cu_seqlens: Optional[torch.Tensor], activation: str) -> torch.Tensor:
-    return cake_causal_conv1d_det_train_forward(
-        x, weight, bias, cu_seqlens, activation=None if activation == "none" else activation)
-
-
-@_forward_op.register_fake
-def _(x, weight, bias, cu_seqlens, activation):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op(host.op_name(__package__, "backward"), mutates_args=())
-def _backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                 bias: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                 activation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dweight, dbias = cake_causal_conv1d_det_train_backward(
-        dy.contiguous(), x, weight, bias, cu_seqlens,
-        activation=None if activation == "none" else activation, grad_dtype=weight.dtype)
-    return dx, dweight, (dbias if dbias is not None else weight.new_empty(0))
-
-
-@_backward_op.register_fake
-def _(dy, x, weight, bias, cu_seqlens, activation):
-    return (torch.empty_like(x), torch.empty_like(weight),
-            torch.empty_like(bias) if bias is not None else weight.new_empty(0))
-
-
-def _op_setup_context(ctx, inputs, output):
-    x, weight, bias, cu_seqlens, activation = inputs
-    ctx.activation = activation
-    ctx.has_bias = bias is not None
-    ctx.save_for_backward(x, weight, bias, cu_seqlens)
-
-
-def _op_backward(ctx, dy):
-    x, weight, bias, cu_seqlens = ctx.saved_tensors
-    dx, dweight, dbias = _backward_op(dy, x, weight, bias, cu_seqlens, ctx.activation)
-    return dx, dweight, (dbias if ctx.has_bias else None), None, None
-
-
-_forward_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+    """,
+    arguments="Tensor x, Tensor weight, Tensor? bias, Tensor? cu_seqlens, str? activation",
+    forward=_forward,
+    fake=lambda x, weight, bias, cu_seqlens, activation: (torch.empty_like(x),),
+    outputs=lambda args: (0,),
+    save=lambda args, results: args[:4],
+    backward=_backward,
+    grad_like={"x": 0, "weight": 1, "bias": 2},
+)
+CakeCausalConv1dDetFunction = _OP.function
 
 
 def cake_causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor,
@@ -307,7 +257,4 @@ def cake_causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor,
         >>> cu = torch.tensor([0, 1000, 4096], device="cuda", dtype=torch.int32)
         >>> cake_causal_conv1d_det(x, w, None, cu).float().square().sum().backward()
     """
-    if torch.compiler.is_compiling():
-        return _forward_op(x, weight, bias, cu_seqlens,
-                           "none" if activation is None else activation)
-    return _eager_apply(x, weight, bias, cu_seqlens, activation)
+    return _OP(x, weight, bias, cu_seqlens, activation)

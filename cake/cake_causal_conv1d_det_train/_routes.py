@@ -9,7 +9,7 @@ arch, C, S), so results are the same run to run.
 
 from __future__ import annotations
 
-from ..core import host
+from ..core import plans
 from ..core import manifest as mf
 from ._validate import Problem
 
@@ -17,6 +17,6 @@ from ._validate import Problem
 def select(manifest: mf.Manifest, problem: Problem, arch: str | None) -> mf.Program:
     """The program serving ``problem`` on ``arch`` (None: any arch). Runs once per problem
     (``host.Plans`` keeps the result)."""
-    return host.select_program(manifest, variant=problem.variant, arch=arch,
+    return plans.select_program(manifest, variant=problem.variant, arch=arch,
                                bands={"channels": problem.channels},
                                floors={"tokens": problem.tokens})

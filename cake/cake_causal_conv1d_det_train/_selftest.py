@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import host
+from ..core import selftest
 from ._function import cake_causal_conv1d_det
 from .reference import causal_conv1d_reference, causal_conv1d_reference_backward
 
@@ -32,5 +32,5 @@ def run(device_index: int) -> list:
     dx, dweight, dbias = causal_conv1d_reference_backward(dy, x, weight, bias, cu)
     reference = {"y": causal_conv1d_reference(x, weight, bias, cu), "dx": dx,
                  "dweight": dweight, "dbias": dbias}
-    return [host.selftest_case(f"packed bf16 S={tokens} C={channels}, 4 documents", compute,
+    return [selftest.selftest_case(f"packed bf16 S={tokens} C={channels}, 4 documents", compute,
                                reference, tolerance=TOLERANCE)]

@@ -1,7 +1,7 @@
 """Host-side validation of the causal conv1d entries: every check runs before any launch and
 raises ``TypeError``/``ValueError`` naming the argument (shared helpers in ``core.host``).
 
-``validate_*`` run in full the first time a call signature is seen (``host.signature``);
+``validate_*`` run in full the first time a call signature is seen (``plans.signature``);
 ``recheck_*`` run on every later call with that signature: the checks that read more than the
 signature (cu_seqlens' values, overlap of outputs with inputs, the workspace's address).
 """
@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..core import host
+from ..core import checks
 
 WIDTH = 4
 ACTIVATIONS = ("silu", None)
@@ -40,41 +40,41 @@ class Problem:
 
     @property
     def variant(self) -> dict:
-        return {"dtype": host.dtype_name(self.dtype), "bias": self.has_bias,
+        return {"dtype": checks.dtype_name(self.dtype), "bias": self.has_bias,
                 "activation": self.activation or "none"}
 
 
 def validate_inputs(x, weight, bias, cu_seqlens, activation) -> Problem:
-    host.check_choice("activation", activation, ACTIVATIONS)
-    host.check_tensor("x", x, dtypes=DTYPES, ndims=(2, 3), shape_hint=_X_SHAPE)
+    checks.check_choice("activation", activation, ACTIVATIONS)
+    checks.check_tensor("x", x, dtypes=DTYPES, ndims=(2, 3), shape_hint=_X_SHAPE)
     channels = x.shape[-1]
-    host.check_tensor("weight", weight, dtypes=(x.dtype, torch.float32), ndims=(2,),
+    checks.check_tensor("weight", weight, dtypes=(x.dtype, torch.float32), ndims=(2,),
                       shape_hint=f"[C, {WIDTH}]")
-    host.check_same_device("x", x, {"weight": weight})
+    checks.check_same_device("x", x, {"weight": weight})
     if weight.shape[1] != WIDTH:
-        raise ValueError(f"weight: only width {WIDTH} is supported, got {host.describe(weight)}")
+        raise ValueError(f"weight: only width {WIDTH} is supported, got {checks.describe(weight)}")
     if weight.shape[0] != channels:
         raise ValueError(f"weight: expected [C, {WIDTH}] with C = {channels} (x's channels), "
-                         f"got {host.describe(weight)}")
+                         f"got {checks.describe(weight)}")
     if channels < 1:
-        raise ValueError(f"x: expected at least one channel, got {host.describe(x)}")
+        raise ValueError(f"x: expected at least one channel, got {checks.describe(x)}")
     if bias is not None:
-        host.check_tensor("bias", bias, dtypes=(weight.dtype,), ndims=(1,),
+        checks.check_tensor("bias", bias, dtypes=(weight.dtype,), ndims=(1,),
                           shape_hint="[C] in weight's dtype")
-        host.check_same_device("x", x, {"bias": bias})
+        checks.check_same_device("x", x, {"bias": bias})
         if bias.shape[0] != channels:
-            raise ValueError(f"bias: expected [C] with C = {channels}, got {host.describe(bias)}")
+            raise ValueError(f"bias: expected [C] with C = {channels}, got {checks.describe(bias)}")
     if x.dim() == 3:
         if cu_seqlens is not None:
             raise ValueError("cu_seqlens: must be None for x of shape [B, T, C] "
-                             f"(got x {host.describe(x)}); pass x as [S, C] to pack documents")
+                             f"(got x {checks.describe(x)}); pass x as [S, C] to pack documents")
         tokens, num_docs, doc_len = x.shape[0] * x.shape[1], 0, max(x.shape[1], 1)
     else:
         tokens = x.shape[0]
         if cu_seqlens is None:
             num_docs, doc_len = 0, max(tokens, 1)
         else:
-            num_docs = host.check_cu_seqlens("cu_seqlens", cu_seqlens, tokens=tokens,
+            num_docs = checks.check_cu_seqlens("cu_seqlens", cu_seqlens, tokens=tokens,
                                              device=x.device)
             doc_len = 0
     return Problem(device=x.device, dtype=x.dtype, tokens=tokens, channels=channels,
@@ -85,20 +85,20 @@ def validate_inputs(x, weight, bias, cu_seqlens, activation) -> Problem:
 def validate_forward(x, weight, bias, cu_seqlens, activation, out) -> Problem:
     problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
     if out is not None:
-        host.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
+        checks.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
         _check_forward_disjoint(x, weight, bias, cu_seqlens, out)
     return problem
 
 
 def recheck_forward(x, weight, bias, cu_seqlens, out, problem: Problem) -> None:
     if cu_seqlens is not None:
-        host.check_cu_seqlens_values("cu_seqlens", cu_seqlens, tokens=problem.tokens)
+        checks.check_cu_seqlens_values("cu_seqlens", cu_seqlens, tokens=problem.tokens)
     if out is not None:
         _check_forward_disjoint(x, weight, bias, cu_seqlens, out)
 
 
 def _check_forward_disjoint(x, weight, bias, cu_seqlens, out) -> None:
-    host.check_disjoint({"out": out}, {"x": x, "weight": weight, "bias": bias,
+    checks.check_disjoint({"out": out}, {"x": x, "weight": weight, "bias": bias,
                                        "cu_seqlens": cu_seqlens})
 
 
@@ -108,24 +108,24 @@ def validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, d
     as soon as the problem is known) only when a workspace is given."""
     problem = validate_inputs(x, weight, bias, cu_seqlens, activation)
     need = workspace_need(problem) if workspace is not None else 0
-    host.check_tensor("dy", dy, dtypes=(x.dtype,), ndims=(x.dim(),), shape_hint="like x")
-    host.check_same_device("x", x, {"dy": dy})
+    checks.check_tensor("dy", dy, dtypes=(x.dtype,), ndims=(x.dim(),), shape_hint="like x")
+    checks.check_same_device("x", x, {"dy": dy})
     if dy.shape != x.shape:
-        raise ValueError(f"dy: expected the shape of x {list(x.shape)}, got {host.describe(dy)}")
+        raise ValueError(f"dy: expected the shape of x {list(x.shape)}, got {checks.describe(dy)}")
     if grad_dtype not in (torch.float32, weight.dtype):
         raise ValueError(f"grad_dtype: expected torch.float32 or the weight's dtype "
                          f"{weight.dtype}, got {grad_dtype!r}")
     if dx is not None:
-        host.check_output("dx", dx, shape=x.shape, dtype=x.dtype, device=x.device)
+        checks.check_output("dx", dx, shape=x.shape, dtype=x.dtype, device=x.device)
     if dweight is not None:
-        host.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype,
+        checks.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype,
                           device=x.device)
     if dbias is not None:
         if bias is None:
             raise ValueError("dbias: given, but there is no bias")
-        host.check_output("dbias", dbias, shape=bias.shape, dtype=grad_dtype, device=x.device)
+        checks.check_output("dbias", dbias, shape=bias.shape, dtype=grad_dtype, device=x.device)
     if workspace is not None:
-        host.check_workspace(workspace, device=x.device, need=need,
+        checks.check_workspace(workspace, device=x.device, need=need,
                              query="cake_causal_conv1d_det_train_backward_workspace_bytes")
     _check_backward_disjoint(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace)
     return problem
@@ -134,9 +134,9 @@ def validate_backward(dy, x, weight, bias, cu_seqlens, activation, grad_dtype, d
 def recheck_backward(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace,
                      problem: Problem) -> None:
     if cu_seqlens is not None:
-        host.check_cu_seqlens_values("cu_seqlens", cu_seqlens, tokens=problem.tokens)
+        checks.check_cu_seqlens_values("cu_seqlens", cu_seqlens, tokens=problem.tokens)
     if workspace is not None:
-        host.check_workspace_aligned(workspace)
+        checks.check_workspace_aligned(workspace)
     if dx is not None or dweight is not None or dbias is not None or workspace is not None:
         _check_backward_disjoint(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias, workspace)
 
@@ -146,5 +146,5 @@ def _check_backward_disjoint(dy, x, weight, bias, cu_seqlens, dx, dweight, dbias
     outputs = {name: value for name, value in (("dx", dx), ("dweight", dweight),
                                                ("dbias", dbias), ("workspace", workspace))
                if value is not None}
-    host.check_disjoint(outputs, {"dy": dy, "x": x, "weight": weight, "bias": bias,
+    checks.check_disjoint(outputs, {"dy": dy, "x": x, "weight": weight, "bias": bias,
                                   "cu_seqlens": cu_seqlens})

@@ -1,10 +1,10 @@
 """Autograd function, module and public entries of the gated RMSNorm family
 (``y = rmsnorm(x) * silu(g)``: normalise, then gate; the GDN/Mamba2 output norm).
 
-Eager calls launch first, then record the call in autograd through a subclass of
-:class:`CakeGatedRMSNormDetFunction` (see ``host.eager_apply``); under ``torch.compile`` the
-functional uses the custom ops ``<package>::forward`` /
-``<package>::backward`` (see ``host.op_name``). Both launch through ``core.rmsnorm.Programs``.
+The functional and its class come from the family skeleton (``core.autograd.Differentiable``,
+made by ``_shared.rmsnorm.Programs.differentiable``): eager calls launch first, then record the
+call in autograd through :class:`CakeGatedRMSNormDetFunction`; under ``torch.compile`` the
+opaque custom ops ``<package>::rmsnorm`` / ``::rmsnorm_backward`` run instead.
 
 CUDA graphs: the entries never synchronize and, with every output (and ``workspace``) given,
 never allocate.
@@ -16,8 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..core import host
-from ..core.rmsnorm import Programs, upstream_gradients
+from .._shared.rmsnorm import Programs
 
 _PROGRAMS = Programs(__file__, gated=True)
 
@@ -117,91 +116,15 @@ def is_cake_gated_rmsnorm_det_train_supported(device: Optional[torch.device | in
 
 # --------------------------------------------------------------------------- autograd
 
-
-class CakeGatedRMSNormDetFunction(torch.autograd.Function):
-    """``apply(x, g, weight, residual, eps, weight_offset)``: y, or ``(y, x + residual)`` with
+_OP = _PROGRAMS.differentiable(package=__package__, module=__name__,
+                               function_name="CakeGatedRMSNormDetFunction", doc="""``apply(x, g, weight, residual, eps, weight_offset)``: y, or ``(y, x + residual)`` with
     a residual; deterministic backward. Saves the normalised input, g, the weight and rstd.
 
     Example::
 
         >>> y = CakeGatedRMSNormDetFunction.apply(x, g, w, None, 1e-6, 0.0)
-    """
-
-    @staticmethod
-    def forward(ctx, x, g, weight, residual, eps, weight_offset):
-        return _keep(ctx, x, g, weight, residual, eps, weight_offset,
-                     _PROGRAMS.launch(x, g, weight, residual, eps, weight_offset))
-
-    @staticmethod
-    def backward(ctx, dy, dsum=None):
-        s, g, weight, rstd = ctx.saved_tensors
-        dx, dg, dresidual, dweight = _PROGRAMS.autograd_backward(
-            ctx.plan, s=s, gate=g, weight=weight, rstd=rstd, dy=dy, dsum=dsum,
-            weight_offset=ctx.weight_offset, has_residual=ctx.has_residual)
-        return host.backward_result(len(ctx.needs_input_grad),
-                                    {0: dx, 1: dg, 2: dweight, 3: dresidual})
-
-
-def _keep(ctx, x, g, weight, residual, eps, weight_offset, launched):
-    return _PROGRAMS.keep(ctx, launched, x=x, gate=g, weight=weight, residual=residual,
-                          weight_offset=weight_offset)
-
-
-# The apply's arguments are Programs.launch's: it serves as the family's launch directly.
-_eager_apply = host.eager_apply(CakeGatedRMSNormDetFunction, _PROGRAMS.launch, _keep)
-
-
-# --------------------------------------------------------------------------- torch.compile
-
-
-@torch.library.custom_op(host.op_name(__package__, "forward"), mutates_args=())
-def _forward_op(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor,
-                residual: Optional[torch.Tensor], eps: float,
-                weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, s, rstd = cake_gated_rmsnorm_det_train_forward(x, g, weight, residual, eps=eps,
-                                                      weight_offset=weight_offset)
-    return y, (s if s is not None else x.new_empty(0)), rstd
-
-
-@_forward_op.register_fake
-def _(x, g, weight, residual, eps, weight_offset):
-    return (torch.empty_like(x), torch.empty_like(x) if residual is not None else x.new_empty(0),
-            x.new_empty(x.shape[:-1], dtype=torch.float32))
-
-
-@torch.library.custom_op(host.op_name(__package__, "backward"), mutates_args=())
-def _backward_op(dy: torch.Tensor, dsum: Optional[torch.Tensor], s: torch.Tensor, g: torch.Tensor,
-                 weight: torch.Tensor, rstd: torch.Tensor, weight_offset: float,
-                 has_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dy, dsum = upstream_gradients(s, dy, dsum, has_residual)
-    dx, dg, dresidual, dweight = cake_gated_rmsnorm_det_train_backward(
-        dy, s, g, weight, rstd, dsum=dsum, has_residual=has_residual, weight_offset=weight_offset,
-        grad_dtype=weight.dtype)
-    return dx, dg, (dresidual if dresidual is not None else s.new_empty(0)), dweight
-
-
-@_backward_op.register_fake
-def _(dy, dsum, s, g, weight, rstd, weight_offset, has_residual):
-    return (torch.empty_like(s), torch.empty_like(s),
-            torch.empty_like(s) if has_residual else s.new_empty(0), torch.empty_like(weight))
-
-
-def _op_setup_context(ctx, inputs, output):
-    x, g, weight, residual, eps, weight_offset = inputs
-    _, s, rstd = output
-    ctx.has_residual = residual is not None
-    ctx.weight_offset = weight_offset
-    ctx.save_for_backward(s if ctx.has_residual else x, g, weight, rstd)
-
-
-def _op_backward(ctx, dy, dsum, drstd):
-    s, g, weight, rstd = ctx.saved_tensors
-    dx, dg, dresidual, dweight = _backward_op(dy, dsum if ctx.has_residual else None, s, g, weight,
-                                              rstd, ctx.weight_offset, ctx.has_residual)
-    return dx, dg, dweight, (dresidual if ctx.has_residual else None), None, None
-
-
-_forward_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+    """)
+CakeGatedRMSNormDetFunction = _OP.function
 
 
 def cake_gated_rmsnorm_det(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor,
@@ -233,10 +156,7 @@ def cake_gated_rmsnorm_det(x: torch.Tensor, g: torch.Tensor, weight: torch.Tenso
         >>> w = torch.ones(2048, device="cuda", dtype=torch.float32, requires_grad=True)
         >>> cake_gated_rmsnorm_det(x, g, w).float().square().sum().backward()
     """
-    if torch.compiler.is_compiling():
-        y, s, _ = _forward_op(x, g, weight, residual, eps, weight_offset)
-        return y if residual is None else (y, s)
-    return _eager_apply(x, g, weight, residual, eps, weight_offset)
+    return _OP(x, g, weight, residual, eps, weight_offset)
 
 
 class CakeGatedRMSNormDet(torch.nn.Module):

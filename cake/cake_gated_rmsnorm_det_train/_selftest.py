@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import host
+from ..core import selftest
 from ._function import cake_gated_rmsnorm_det
 from .reference import reference_backward, reference_forward
 
@@ -28,6 +28,6 @@ def run(device_index: int) -> list:
 
     y, _, _ = reference_forward(x, g, weight)
     dx, dg, dweight = reference_backward(dy, x, g, weight)
-    return [host.selftest_case(f"bf16 T={rows} D={width}", compute,
+    return [selftest.selftest_case(f"bf16 T={rows} D={width}", compute,
                                {"y": y, "dx": dx, "dg": dg, "dweight": dweight},
                                tolerance=TOLERANCE)]

@@ -1,11 +1,9 @@
 """Autograd function, module and public entries of the RMSNorm family.
 
-Eager calls launch first, then record the call in autograd through a subclass of
-:class:`CakeRMSNormDetFunction` (a plain ``autograd.Function``: the least host work per call;
-see ``host.eager_apply``). Under ``torch.compile`` the functional uses the custom ops
-``<package>::forward`` / ``<package>::backward`` (see ``host.op_name``) instead, which the
-compiler treats as opaque (fake implementations give the output shapes). Both launch through
-``core.rmsnorm.Programs``.
+The functional and its class come from the family skeleton (``core.autograd.Differentiable``,
+made by ``_shared.rmsnorm.Programs.differentiable``): eager calls launch first, then record the
+call in autograd through :class:`CakeRMSNormDetFunction`; under ``torch.compile`` the opaque custom ops
+``<package>::rmsnorm`` / ``::rmsnorm_backward`` run instead.
 
 CUDA graphs: the entries never synchronize and, with every output (and ``workspace``) given,
 never allocate.
@@ -17,8 +15,7 @@ from typing import Optional
 
 import torch
 
-from ..core import host
-from ..core.rmsnorm import Programs, upstream_gradients
+from .._shared.rmsnorm import Programs
 
 _PROGRAMS = Programs(__file__, gated=False)
 
@@ -125,93 +122,16 @@ def is_cake_rmsnorm_det_train_supported(device: Optional[torch.device | int] = N
 
 # --------------------------------------------------------------------------- autograd
 
-
-class CakeRMSNormDetFunction(torch.autograd.Function):
-    """``apply(x, weight, residual, eps, weight_offset)``: y, or ``(y, x + residual)`` with a
+_OP = _PROGRAMS.differentiable(package=__package__, module=__name__,
+                               function_name="CakeRMSNormDetFunction", doc="""``apply(x, weight, residual, eps, weight_offset)``: y, or ``(y, x + residual)`` with a
     residual; deterministic backward. Saves the normalised input, the weight and rstd.
     Gradients come in the inputs' dtypes (dweight in the weight's, accumulated in fp32).
 
     Example::
 
         >>> y = CakeRMSNormDetFunction.apply(x, w, None, 1e-6, 0.0)
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, residual, eps, weight_offset):
-        return _keep(ctx, x, weight, residual, eps, weight_offset,
-                     _launch(x, weight, residual, eps, weight_offset))
-
-    @staticmethod
-    def backward(ctx, dy, dsum=None):
-        s, _, weight, rstd = ctx.saved_tensors
-        dx, _, dresidual, dweight = _PROGRAMS.autograd_backward(
-            ctx.plan, s=s, gate=None, weight=weight, rstd=rstd, dy=dy, dsum=dsum,
-            weight_offset=ctx.weight_offset, has_residual=ctx.has_residual)
-        return host.backward_result(len(ctx.needs_input_grad), {0: dx, 1: dweight, 2: dresidual})
-
-
-def _launch(x, weight, residual, eps, weight_offset) -> tuple:
-    return _PROGRAMS.launch(x, None, weight, residual, eps, weight_offset)
-
-
-def _keep(ctx, x, weight, residual, eps, weight_offset, launched):
-    return _PROGRAMS.keep(ctx, launched, x=x, gate=None, weight=weight, residual=residual,
-                          weight_offset=weight_offset)
-
-
-_eager_apply = host.eager_apply(CakeRMSNormDetFunction, _launch, _keep)
-
-
-# --------------------------------------------------------------------------- torch.compile
-
-
-@torch.library.custom_op(host.op_name(__package__, "forward"), mutates_args=())
-def _forward_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
-                eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, s, rstd = cake_rmsnorm_det_train_forward(x, weight, residual, eps=eps,
-                                                weight_offset=weight_offset)
-    return y, (s if s is not None else x.new_empty(0)), rstd
-
-
-@_forward_op.register_fake
-def _(x, weight, residual, eps, weight_offset):
-    return (torch.empty_like(x), torch.empty_like(x) if residual is not None else x.new_empty(0),
-            x.new_empty(x.shape[:-1], dtype=torch.float32))
-
-
-@torch.library.custom_op(host.op_name(__package__, "backward"), mutates_args=())
-def _backward_op(dy: torch.Tensor, dsum: Optional[torch.Tensor], s: torch.Tensor,
-                 weight: torch.Tensor, rstd: torch.Tensor, weight_offset: float,
-                 has_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dy, dsum = upstream_gradients(s, dy, dsum, has_residual)
-    dx, dresidual, dweight = cake_rmsnorm_det_train_backward(
-        dy, s, weight, rstd, dsum=dsum, has_residual=has_residual, weight_offset=weight_offset,
-        grad_dtype=weight.dtype)
-    return dx, (dresidual if dresidual is not None else s.new_empty(0)), dweight
-
-
-@_backward_op.register_fake
-def _(dy, dsum, s, weight, rstd, weight_offset, has_residual):
-    return (torch.empty_like(s), torch.empty_like(s) if has_residual else s.new_empty(0),
-            torch.empty_like(weight))
-
-
-def _op_setup_context(ctx, inputs, output):
-    x, weight, residual, eps, weight_offset = inputs
-    _, s, rstd = output
-    ctx.has_residual = residual is not None
-    ctx.weight_offset = weight_offset
-    ctx.save_for_backward(s if ctx.has_residual else x, weight, rstd)
-
-
-def _op_backward(ctx, dy, dsum, drstd):
-    s, weight, rstd = ctx.saved_tensors
-    dx, dresidual, dweight = _backward_op(dy, dsum if ctx.has_residual else None, s, weight, rstd,
-                                          ctx.weight_offset, ctx.has_residual)
-    return dx, dweight, (dresidual if ctx.has_residual else None), None, None
-
-
-_forward_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+    """)
+CakeRMSNormDetFunction = _OP.function
 
 
 def cake_rmsnorm_det(x: torch.Tensor, weight: torch.Tensor,
@@ -240,10 +160,7 @@ def cake_rmsnorm_det(x: torch.Tensor, weight: torch.Tensor,
         >>> w = torch.ones(4096, device="cuda", dtype=torch.float32, requires_grad=True)
         >>> cake_rmsnorm_det(x, w).float().square().sum().backward()
     """
-    if torch.compiler.is_compiling():
-        y, s, _ = _forward_op(x, weight, residual, eps, weight_offset)
-        return y if residual is None else (y, s)
-    return _eager_apply(x, weight, residual, eps, weight_offset)
+    return _OP(x, weight, residual, eps, weight_offset)
 
 
 class CakeRMSNormDet(torch.nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import host
+from ..core import selftest
 from ._function import cake_rmsnorm_det
 from .reference import reference_backward, reference_forward
 
@@ -28,5 +28,5 @@ def run(device_index: int) -> list:
 
     y, _, _ = reference_forward(x, weight)
     dx, dweight = reference_backward(dy, x, weight)[:2]
-    return [host.selftest_case(f"bf16 T={rows} D={width}", compute,
+    return [selftest.selftest_case(f"bf16 T={rows} D={width}", compute,
                                {"y": y, "dx": dx, "dweight": dweight}, tolerance=TOLERANCE)]

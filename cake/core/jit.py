@@ -71,7 +71,9 @@ def toolchain_key(program: mf.Program) -> str:
     cxx = tc.find_cxx()
     host = f"c++-{compiler_version(cxx)}"
     if program.kind == "triton":
-        return f"triton-{triton_aot.installed_version()}-{host}"
+        ptxas = tc.find_ptxas()
+        assembler = f"ptxas-{compiler_version(ptxas)}" if ptxas else "ptxas-triton"
+        return f"triton-{triton_aot.installed_version()}-{assembler}-{host}"
     return f"nvcc-{compiler_version(find_nvcc())}-{host}"
 
 
@@ -126,7 +128,8 @@ def compile_program(tree: mf.PackageTree, manifest: mf.Manifest, program: mf.Pro
 def build_steps(tree: mf.PackageTree, program: mf.Program, arch: str, work_dir: Path,
                 output: Path) -> list[list[str]]:
     """The commands that build ``program`` for ``arch`` into ``output``: the AOT build's own."""
-    tools = tc.Tools(nvcc=find_nvcc(), cxx=tc.find_cxx(), python=sys.executable)
+    tools = tc.Tools(nvcc=find_nvcc(), cxx=tc.find_cxx(), python=sys.executable,
+                     ptxas=tc.find_ptxas())
     return tc.library_steps(
         tools, kind=program.kind, library=program.library, digest=program.digest, arch=arch,
         include_dir=str(tree.include_dir), flags=program.flags,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import struct
 import threading
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Sequence
 
 from . import jit
 from . import manifest as mf
+from . import triton_aot
 
 # Must equal CAKE_ABI_VERSION in csrc/include/cake/program.h (a test keeps them together).
 ABI_VERSION = 2
@@ -193,15 +195,16 @@ class Entry:
         return [convert(arguments[n]) for n, convert in zip(self.names, self._slots)]
 
     def bind(self, per_call: tuple, **fixed) -> "BoundEntry":
-        """A call with ``fixed`` values in place, taking the ``per_call`` arguments (names, each
-        a pointer) positionally: ``bound(stream, *values)``."""
+        """A call with ``fixed`` values in place, taking the ``per_call`` arguments (names)
+        positionally: ``bound(stream, *values)``."""
         unknown = [n for n in per_call if n not in self.names]
-        kinds = dict(zip(self.names, (a.kind for a in self.declaration.args)))
-        if unknown or any(kinds[n] != "pointer" for n in per_call):
-            raise TypeError(f"{self._name}: bind's per-call arguments must be declared pointers, "
-                            f"got {list(per_call)} of {list(self.names)}")
+        if unknown or len(set(per_call)) != len(per_call):
+            raise TypeError(f"{self._name}: bind's per-call arguments {list(per_call)} must be "
+                            f"distinct declared arguments of {list(self.names)}")
         template = self.pack({**fixed, **{n: 0 for n in per_call}})
-        return BoundEntry(self, template, tuple(self.names.index(n) for n in per_call))
+        positions = tuple(self.names.index(n) for n in per_call)
+        return BoundEntry(self, template, positions,
+                          tuple(self._slots[p] for p in positions))
 
     def launch(self, values: list, stream: int) -> None:
         buffers = _buffers
@@ -215,21 +218,27 @@ class Entry:
 
 
 class BoundEntry:
-    """An :class:`Entry` with its per-problem values fixed: ``bound(stream, *pointers)`` (tensors,
-    None or addresses, in the order :meth:`Entry.bind` was given)."""
+    """An :class:`Entry` with its per-problem values fixed: ``bound(stream, *values)``, the
+    values of the per-call arguments in the order :meth:`Entry.bind` was given."""
 
-    __slots__ = ("entry", "_template", "_positions")
+    __slots__ = ("entry", "_template", "_positions", "_converts", "_pointers")
 
-    def __init__(self, entry: Entry, template: list, positions: tuple):
+    def __init__(self, entry: Entry, template: list, positions: tuple, converts: tuple):
         self.entry = entry
         self._template = template
         self._positions = positions
+        self._converts = converts
+        self._pointers = all(c is _pointer for c in converts)
 
     def __call__(self, stream: int, *values) -> None:
         slots = self._template.copy()
-        for position, value in zip(self._positions, values):
-            slots[position] = 0 if value is None else (
-                value if value.__class__ is int else value.data_ptr())
+        if self._pointers:  # the common case, inline: tensors, None or addresses
+            for position, value in zip(self._positions, values):
+                slots[position] = 0 if value is None else (
+                    value if value.__class__ is int else value.data_ptr())
+        else:
+            for position, convert, value in zip(self._positions, self._converts, values):
+                slots[position] = convert(value)
         self.entry.launch(slots, stream)
 
 
@@ -276,6 +285,63 @@ class Library:
             found = self._entries[name] = Entry(self._symbol(name),
                                                 f"{self.program.library}_{name}", declaration)
         return found
+
+
+class InterpretedLibrary:
+    """A Triton program run by Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors: the
+    same declared entries as its library, each running its kernel function. For tests of a
+    Triton family's public API on a machine without a GPU."""
+
+    def __init__(self, program: mf.Program, tree: mf.PackageTree):
+        if program.kind != "triton":
+            raise ProgramUnavailable(f"{program.library} is a {program.kind} program: only Triton "
+                                     "programs run under the interpreter")
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise ProgramUnavailable(f"{program.library}: CPU tensors run Triton programs only "
+                                     "under Triton's interpreter (set TRITON_INTERPRET=1)")
+        self.program = program
+        self.origin = "interpreted"
+        self._tree = tree
+        self._entries: dict[str, InterpretedEntry] = {}
+
+    def entry(self, name: str) -> "InterpretedEntry":
+        found = self._entries.get(name)
+        if found is None:
+            declaration = self.program.entry(name)
+            source = self.program.source(f"kernel_{name}")
+            if declaration is None or source is None:
+                raise LibraryRefused(f"{self.program.library} has no kernel entry {name!r}")
+            module = triton_aot.load_source(self._tree.source_path(source), self._tree.include_dir)
+            kernel = triton_aot.kernel_of(module, f"kernel_{self.program.library}_{name}")
+            found = self._entries[name] = InterpretedEntry(
+                kernel, declaration, int(module.NUM_WARPS), int(module.NUM_STAGES))
+        return found
+
+
+class InterpretedEntry:
+    """An entry of an :class:`InterpretedLibrary`: the kernel on the grid its first three
+    arguments give, with the others passed as they are (tensors, ints, floats)."""
+
+    def __init__(self, kernel, declaration: mf.Entry, num_warps: int, num_stages: int):
+        self._kernel = kernel
+        self.declaration = declaration
+        self.names = tuple(a.name for a in declaration.args)
+        self._options = {"num_warps": num_warps, "num_stages": num_stages}
+
+    def __call__(self, stream: int, /, **arguments) -> None:
+        if arguments.keys() != set(self.names):
+            raise TypeError(f"{self._kernel.__name__}: expected arguments {list(self.names)}, "
+                            f"got {sorted(arguments)}")
+        values = [arguments[name] for name in self.names]
+        grid = tuple(values[:3])
+        if 0 in grid:
+            return
+        self._kernel[grid](*values[3:], **self._options)
+
+    def bind(self, per_call: tuple, **fixed):
+        def bound(stream: int, *values) -> None:
+            self(stream, **fixed, **dict(zip(per_call, values)))
+        return bound
 
 
 def embedded_digest(path: Path, library: str) -> str:
@@ -334,6 +400,15 @@ class ProgramSet:
         if jit.cached_path(program, arch) is not None:
             return "cached"
         return "would compile" if jit.unavailable_reason(program) is None else "unsupported"
+
+    def interpreted(self, program: mf.Program) -> InterpretedLibrary:
+        """``program`` under Triton's interpreter (CPU tensors, ``TRITON_INTERPRET=1``)."""
+        key = (program.library, "interpreted")
+        found = self._libraries.get(key)
+        if found is None:
+            with _lock:
+                found = self._libraries.setdefault(key, InterpretedLibrary(program, self.tree))
+        return found
 
     def library(self, program: mf.Program, device_index: int) -> Library:
         """The verified library of ``program`` for GPU ``device_index``; loads it once."""

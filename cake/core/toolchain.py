@@ -85,6 +85,8 @@ class Tools:
     """The host C++ compiler, for every program's host library."""
     python: str = sys.executable
     """The Python that runs the pinned Triton, for Triton programs' images."""
+    ptxas: str | None = None
+    """The CUDA toolkit's ptxas, for Triton programs' cubins (None: Triton's own)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +124,8 @@ def library_steps(tools: Tools, *, kind: str, library: str, digest: str, arch: s
             steps.append([tools.python, str(Path(__file__).with_name("triton_aot.py")),
                           "--source", source.path, "--include-dir", include_dir,
                           "--arch", arch, "--role", source.role, "--cubin", image,
-                          "--header", header, *(f"--flag={f}" for f in flags)])
+                          "--header", header, *(f"--flag={f}" for f in flags),
+                          *(["--ptxas", tools.ptxas] if tools.ptxas else [])])
         else:
             if tools.nvcc is None:
                 raise ValueError(f"{library}: a CUDA program needs nvcc")
@@ -146,6 +149,17 @@ def find_nvcc() -> str | None:
         if os.access(candidate, os.X_OK):
             return str(candidate)
     return shutil.which("nvcc")
+
+
+def find_ptxas() -> str | None:
+    """The toolkit's ptxas: ``$CUDA_HOME/bin`` first, then PATH. Triton programs' cubins come from
+    it, so that the driver the toolkit supports loads them (Triton bundles a newer ptxas)."""
+    cuda_home = os.environ.get("CUDA_HOME")
+    if cuda_home:
+        candidate = Path(cuda_home) / "bin" / "ptxas"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    return shutil.which("ptxas")
 
 
 def find_cxx() -> str | None:

@@ -37,6 +37,12 @@ import types
 from pathlib import Path
 from typing import Sequence
 
+# The Triton that compiles every Triton program (pyproject.toml's build requirement pins the same;
+# a test keeps them together), and the compile options besides the sources: both are in each
+# Triton program's digest (its flags). Line info off: cubins do not depend on source paths; fp
+# fusion set explicitly (Triton 3.9 warns that its default changes in 3.10).
+TRITON_VERSION = "3.9.0"
+COMPILE_OPTIONS = ("fp-fusion=1", "line-info=0")
 # The kernel's extra parameters after its declared ones (Triton >= 3.5: global and profile
 # scratch), which the launcher passes as null.
 TRAILING_SCRATCH_PARAMS = 2

@@ -4,21 +4,16 @@ allocation of outputs. Both families run programs rendered from the same templat
 (``csrc/templates/rmsnorm``); they differ only in the gate. The families' public functions,
 autograd classes and ``torch.compile`` ops are in their own packages.
 
-Argument layouts of the C entries (``csrc/include/cake/rmsnorm_binding.cuh``):
+The C entries' declared arguments are in the family table (tools/families/cake_rmsnorm_det_train.py).
 
-* forward: x, residual, gate, weight, y, residual_out, rstd, rows, cols, weight_fp32,
-  eps (fp32 bits), weight_offset (fp32 bits);
-* backward: s, gate, weight, dy, rstd, dsum, dx, dresidual, dgate, workspace, workspace bytes,
-  dweight, rows, cols, weight_fp32, dweight dtype code, weight_offset (fp32 bits);
-* workspace_bytes: rows, cols, address of a host int64.
+Host path (as in ``core.plans``): a call's signature, with whether its row tensors are 16-byte
+aligned, keys a memo of its :class:`plans.Plan` (in the forward, of its :class:`ForwardCall`,
+which also holds the forward entry bound to what the signature fixes); a call whose signature
+was seen before runs only the ``recheck_*`` checks (overlap, the workspace's address) and one
+entry call, and the autograd backward reuses the forward's plan.
 
-Host path (as in ``core.host``): a call's signature, with whether its row tensors are 16-byte
-aligned, keys a memo of its :class:`host.Plan` (in the forward, of its :class:`ForwardCall`,
-which also holds the entry arguments the signature fixes); a call whose signature was seen
-before runs only the ``recheck_*`` checks (overlap, the workspace's address) and one entry
-call, and the autograd backward reuses the forward's plan.
-
-Vendoring copies ``core`` verbatim: only relative imports, torch imported here directly.
+Shared by the two families' packages (``cake._shared``): only relative imports of ``core``,
+torch imported here directly.
 """
 
 from __future__ import annotations
@@ -31,8 +26,8 @@ from typing import Mapping, Optional
 
 import torch
 
-from . import host
-from . import manifest as mf
+from ..core import autograd, checks, plans
+from ..core import manifest as mf
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_COLS = 16384
@@ -41,7 +36,7 @@ _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 _X_SHAPE = "[..., D] with 1 <= D <= 16384 (leading dims are flattened into rows)"
 _ANY_DIMS = tuple(range(1, 17))
 
-_ptr = host.data_pointer
+_ptr = checks.data_pointer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +56,7 @@ class Problem:
 
     @property
     def variant(self) -> dict:
-        return {"dtype": host.dtype_name(self.dtype), "load": "vector" if self.vector else "scalar"}
+        return {"dtype": checks.dtype_name(self.dtype), "load": "vector" if self.vector else "scalar"}
 
 
 _FP32 = struct.Struct("<f")
@@ -85,15 +80,15 @@ def _check_number(name: str, value: object, *, positive: bool) -> float:
 
 
 def _check_like(name: str, value: object, x: torch.Tensor, what: str) -> torch.Tensor:
-    host.check_tensor(name, value, dtypes=(x.dtype,), ndims=(x.dim(),), shape_hint=what)
-    host.check_same_device("x", x, {name: value})
+    checks.check_tensor(name, value, dtypes=(x.dtype,), ndims=(x.dim(),), shape_hint=what)
+    checks.check_same_device("x", x, {name: value})
     if value.shape != x.shape:
-        raise ValueError(f"{name}: expected the shape of x {list(x.shape)}, got {host.describe(value)}")
+        raise ValueError(f"{name}: expected the shape of x {list(x.shape)}, got {checks.describe(value)}")
     return value
 
 
 def _vector_ok(cols: int, element_size: int, tensors) -> bool:
-    return cols % (VECTOR_BYTES // element_size) == 0 and host.aligned(*tensors, to=VECTOR_BYTES)
+    return cols % (VECTOR_BYTES // element_size) == 0 and checks.aligned(*tensors, to=VECTOR_BYTES)
 
 
 def validate_inputs(*, x, gate, weight, residual, weight_offset, gated: bool,
@@ -101,17 +96,17 @@ def validate_inputs(*, x, gate, weight, residual, weight_offset, gated: bool,
     """Checks the inputs both entries share (eps is the forward's alone); ``row_tensors`` are
     further [rows, D] tensors of the call (outputs, dy, ...) that decide, with x, whether the
     vector route applies."""
-    host.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
+    checks.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
     cols = x.shape[-1]
     if not 1 <= cols <= MAX_COLS:
-        raise ValueError(f"x: expected shape {_X_SHAPE}, got {host.describe(x)}")
+        raise ValueError(f"x: expected shape {_X_SHAPE}, got {checks.describe(x)}")
     if gated:
         _check_like("g", gate, x, "like x")
-    host.check_tensor("weight", weight, dtypes=(x.dtype, torch.float32), ndims=(1,),
+    checks.check_tensor("weight", weight, dtypes=(x.dtype, torch.float32), ndims=(1,),
                       shape_hint=f"[D] = [{cols}] in x's dtype or float32")
-    host.check_same_device("x", x, {"weight": weight})
+    checks.check_same_device("x", x, {"weight": weight})
     if weight.shape[0] != cols:
-        raise ValueError(f"weight: expected [D] = [{cols}] (x's last dim), got {host.describe(weight)}")
+        raise ValueError(f"weight: expected [D] = [{cols}] (x's last dim), got {checks.describe(weight)}")
     if residual is not None:
         _check_like("residual", residual, x, "like x")
     _check_number("weight_offset", weight_offset, positive=False)
@@ -125,20 +120,20 @@ def validate_inputs(*, x, gate, weight, residual, weight_offset, gated: bool,
 def validate_forward(*, x, gate, weight, residual, eps, weight_offset, gated: bool, out,
                      residual_out, rstd) -> Problem:
     # x first: the output checks below compare against its shape and device.
-    host.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
+    checks.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
     outputs = {}
     if out is not None:
-        outputs["out"] = host.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
+        outputs["out"] = checks.check_output("out", out, shape=x.shape, dtype=x.dtype, device=x.device)
     if residual_out is not None:
         if residual is None:
             raise ValueError("residual_out: given, but there is no residual")
-        outputs["residual_out"] = host.check_output("residual_out", residual_out, shape=x.shape,
+        outputs["residual_out"] = checks.check_output("residual_out", residual_out, shape=x.shape,
                                                     dtype=x.dtype, device=x.device)
     problem = validate_inputs(x=x, gate=gate, weight=weight, residual=residual,
                               weight_offset=weight_offset, gated=gated, row_tensors=outputs)
     _check_number("eps", eps, positive=True)
     if rstd is not None:
-        host.check_output("rstd", rstd, shape=x.shape[:-1], dtype=torch.float32, device=x.device)
+        checks.check_output("rstd", rstd, shape=x.shape[:-1], dtype=torch.float32, device=x.device)
     recheck_forward(x=x, gate=gate, weight=weight, residual=residual, out=out,
                     residual_out=residual_out, rstd=rstd)
     return problem
@@ -149,7 +144,7 @@ def recheck_forward(*, x, gate, weight, residual, out, residual_out, rstd) -> No
     if out is not None or residual_out is not None or rstd is not None:
         outputs = {name: value for name, value in (("out", out), ("residual_out", residual_out),
                                                    ("rstd", rstd)) if value is not None}
-        host.check_disjoint(outputs, {"x": x, "g": gate, "weight": weight, "residual": residual})
+        checks.check_disjoint(outputs, {"x": x, "g": gate, "weight": weight, "residual": residual})
 
 
 def validate_backward(*, dy, x, gate, weight, rstd, dsum, weight_offset, gated: bool,
@@ -157,22 +152,22 @@ def validate_backward(*, dy, x, gate, weight, rstd, dsum, weight_offset, gated: 
                       workspace_need) -> Problem:
     """``workspace_need(problem)`` gives the bytes the routed program needs; it is asked (once,
     as soon as the problem is known) only when a workspace is given."""
-    host.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
+    checks.check_tensor("x", x, dtypes=DTYPES, ndims=_ANY_DIMS, shape_hint=_X_SHAPE)
     _check_like("dy", dy, x, "like x")
     if dsum is not None:
         if not has_residual:
             raise ValueError("dsum: given, but the forward had no residual (residual=False)")
         _check_like("dsum", dsum, x, "like x")
-    host.check_tensor("rstd", rstd, dtypes=(torch.float32,), ndims=(x.dim() - 1,),
+    checks.check_tensor("rstd", rstd, dtypes=(torch.float32,), ndims=(x.dim() - 1,),
                       shape_hint="x.shape[:-1] float32 (from the forward)")
-    host.check_same_device("x", x, {"rstd": rstd})
+    checks.check_same_device("x", x, {"rstd": rstd})
     if rstd.shape != x.shape[:-1]:
         raise ValueError(f"rstd: expected float32 {list(x.shape[:-1])} (x.shape[:-1]), "
-                         f"got {host.describe(rstd)}")
+                         f"got {checks.describe(rstd)}")
     outputs = {}
     for name, buffer in (("dx", dx), ("dg", dg), ("dresidual", dresidual)):
         if buffer is not None:
-            outputs[name] = host.check_output(name, buffer, shape=x.shape, dtype=x.dtype, device=x.device)
+            outputs[name] = checks.check_output(name, buffer, shape=x.shape, dtype=x.dtype, device=x.device)
     if dg is not None and not gated:
         raise ValueError("dg: given to a family without a gate")
     if dresidual is not None and not has_residual:
@@ -186,9 +181,9 @@ def validate_backward(*, dy, x, gate, weight, rstd, dsum, weight_offset, gated: 
         raise ValueError(f"grad_dtype: expected torch.float32 or the weight's dtype "
                          f"{weight.dtype}, got {grad_dtype!r}")
     if dweight is not None:
-        host.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype, device=x.device)
+        checks.check_output("dweight", dweight, shape=weight.shape, dtype=grad_dtype, device=x.device)
     if workspace is not None:
-        host.check_workspace(workspace, device=x.device, need=need, query="backward_workspace_bytes")
+        checks.check_workspace(workspace, device=x.device, need=need, query="backward_workspace_bytes")
     _check_backward_disjoint(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum, dx=dx,
                              dg=dg, dresidual=dresidual, dweight=dweight, workspace=workspace)
     return problem
@@ -199,7 +194,7 @@ def recheck_backward(*, dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dwei
     """What :func:`validate_backward` checks beyond the call's signature: the workspace's
     address and overlap."""
     if workspace is not None:
-        host.check_workspace_aligned(workspace)
+        checks.check_workspace_aligned(workspace)
     if dx is not None or dg is not None or dresidual is not None or dweight is not None \
             or workspace is not None:
         _check_backward_disjoint(dy=dy, x=x, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
@@ -212,7 +207,7 @@ def _check_backward_disjoint(*, dy, x, gate, weight, rstd, dsum, dx, dg, dresidu
     outputs = {name: value for name, value in (("dx", dx), ("dg", dg), ("dresidual", dresidual),
                                                ("dweight", dweight), ("workspace", workspace))
                if value is not None}
-    host.check_disjoint(outputs, {"dy": dy, "x": x, "g": gate, "weight": weight, "rstd": rstd,
+    checks.check_disjoint(outputs, {"dy": dy, "x": x, "g": gate, "weight": weight, "rstd": rstd,
                                   "dsum": dsum})
 
 
@@ -222,8 +217,8 @@ def _check_backward_disjoint(*, dy, x, gate, weight, rstd, dsum, dx, dg, dresidu
 def select(manifest: mf.Manifest, problem: Problem, arch: str | None) -> mf.Program:
     """The program of the family's manifest serving ``problem`` on ``arch`` (None: any arch):
     the one of the call's (dtype, load) variant whose ``cols_min``..``cols_max`` holds D.
-    Runs once per problem (``host.Plans`` keeps the result)."""
-    return host.select_program(manifest, variant=problem.variant, arch=arch,
+    Runs once per problem (``plans.Plans`` keeps the result)."""
+    return plans.select_program(manifest, variant=problem.variant, arch=arch,
                                bands={"cols": problem.cols}, floors={})
 
 
@@ -239,33 +234,45 @@ def upstream_gradients(s, dy, dsum, has_residual: bool) -> tuple:
 
 
 def _forward_key(x, gate, weight, residual, eps, weight_offset, out, residual_out, rstd) -> tuple:
-    """A forward call's memo key: what ``host.signature`` would read from its arguments, and
+    """A forward call's memo key: what ``plans.signature`` would read from its arguments, and
     whether its row tensors are 16-byte aligned. x and the weight are written out, the gate and
-    the other optional tensors go through ``host.signature`` (nested) only when given: every eager
+    the other optional tensors go through ``plans.signature`` (nested) only when given: every eager
     call computes it, and the generic loop over all nine arguments took three times as long."""
     rest = (None if residual is None and out is None and residual_out is None and rstd is None
-            else host.signature(residual, out, residual_out, rstd))
+            else plans.signature(residual, out, residual_out, rstd))
     return (type(x), x.dtype, x.device, x.shape, x.is_contiguous(),
             type(weight), weight.dtype, weight.device, weight.shape, weight.is_contiguous(),
-            None if gate is None else host.signature(gate), type(eps), eps,
+            None if gate is None else plans.signature(gate), type(eps), eps,
             type(weight_offset), weight_offset, rest,
-            host.aligned(x, gate, residual, out, residual_out, to=VECTOR_BYTES))
+            checks.aligned(x, gate, residual, out, residual_out, to=VECTOR_BYTES))
+
+
+_FORWARD_PER_CALL = ("x", "residual", "gate", "weight", "y", "residual_out", "rstd",
+                     "weight_offset")
+_BACKWARD_PER_CALL = ("s", "gate", "weight", "dy", "rstd", "dsum", "dx", "dresidual", "dgate",
+                      "workspace", "workspace_bytes", "dweight", "dweight_dtype", "weight_offset")
+
+
+def _bindings(problem: Problem) -> dict:
+    """The backward entry bound to a problem (the forward binds per call signature, with eps)."""
+    return {"backward": (_BACKWARD_PER_CALL, {"rows": problem.rows, "cols": problem.cols,
+                                              "weight_fp32": int(problem.weight_fp32)})}
 
 
 class ForwardCall:
-    """A validated forward call signature, resolved once: its plan and the entry arguments that
-    the signature fixes (rows, cols, the weight's dtype flag, eps's fp32 bits; weight_offset's
-    are taken per call, since 0.0 and -0.0 share a signature) and the shape of rstd."""
+    """A validated forward call signature, resolved once: its plan, the forward entry bound to
+    what the signature fixes (rows, cols, the weight's dtype flag, eps; weight_offset is taken
+    per call, since 0.0 and -0.0 share a signature) and the shape of rstd."""
 
-    __slots__ = ("plan", "rows", "cols", "weight_fp32", "eps", "rstd_shape")
+    __slots__ = ("plan", "rows", "launch", "rstd_shape")
 
-    def __init__(self, plan: host.Plan, x: torch.Tensor, eps: float):
+    def __init__(self, plan: plans.Plan, x: torch.Tensor, eps: float):
         problem = plan.problem
         self.plan = plan
         self.rows = problem.rows
-        self.cols = problem.cols
-        self.weight_fp32 = int(problem.weight_fp32)
-        self.eps = eps
+        self.launch = plan.library.entry("forward").bind(
+            _FORWARD_PER_CALL, rows=problem.rows, cols=problem.cols,
+            weight_fp32=int(problem.weight_fp32), eps=eps)
         # (rows,) for 2-D x; an int size allocates faster than a Size.
         self.rstd_shape = problem.rows if x.dim() == 2 else x.shape[:-1]
 
@@ -282,10 +289,10 @@ class Programs:
     def __init__(self, package_file: str, *, gated: bool):
         self._package_file = package_file
         self._gated = gated
-        self.plan = host.Plans(package_file, select,
-                               lambda problem: {"rows": problem.rows, "cols": problem.cols})
-        self._forward_calls = host.Memo()
-        self._backward_plans = host.Memo()
+        self.plan = plans.Plans(package_file, select, _bindings,
+                                lambda problem: {"rows": problem.rows, "cols": problem.cols})
+        self._forward_calls = plans.Memo()
+        self._backward_plans = plans.Memo()
 
     def clear(self) -> None:
         """Forgets every plan (the next call of each signature is validated and routed again)."""
@@ -294,7 +301,7 @@ class Programs:
 
     def supported(self, device: Optional[torch.device | int], dtype: torch.dtype) -> bool:
         """A CUDA device is present and its arch is one the programs are built for."""
-        return host.supported(self._package_file, device, dtype, DTYPES)
+        return plans.supported(self._package_file, device, dtype, DTYPES)
 
     def workspace_bytes(self, *, x, gate, weight) -> int:
         """The backward workspace for x and weight (the vector route when x allows it)."""
@@ -308,7 +315,7 @@ class Programs:
                      residual_out=None, rstd=None) -> ForwardCall:
         """The :class:`ForwardCall` of a forward call's signature: validated and routed on its
         first call, then looked up (with the overlap checks that outputs given need)."""
-        # No closures here: their cells would be made on every call (see host.Memo).
+        # No closures here: their cells would be made on every call (see plans.Memo).
         try:
             key = _forward_key(x, gate, weight, residual, eps, weight_offset, out, residual_out,
                                rstd)
@@ -328,10 +335,10 @@ class Programs:
 
     def backward_plan(self, *, dy, x, gate, weight, rstd, dsum, weight_offset, has_residual,
                       grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
-                      workspace=None) -> host.Plan:
-        key = host.signature(dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dweight,
+                      workspace=None) -> plans.Plan:
+        key = plans.signature(dy, x, gate, weight, rstd, dsum, dx, dg, dresidual, dweight,
                              workspace, weight_offset, has_residual, grad_dtype,
-                             host.aligned(x, gate, dy, dsum, dx, dg, dresidual))
+                             checks.aligned(x, gate, dy, dsum, dx, dg, dresidual))
         plan = self._backward_plans.get(key)
         if plan is None:
             return self._backward_plans.put(key, self.plan(validate_backward(
@@ -346,7 +353,7 @@ class Programs:
     def _workspace_need(self, problem: Problem) -> int:
         return self.plan(problem).workspace_bytes
 
-    def _autograd_backward_plan(self, plan: host.Plan, *, s, gate, dy, dsum) -> host.Plan:
+    def _autograd_backward_plan(self, plan: plans.Plan, *, s, gate, dy, dsum) -> plans.Plan:
         """The plan of the backward of a forward that ran with ``plan``: the same program
         unless the upstream gradients' addresses rule out the vector route (the forward checked
         the inputs, and autograd gives dy and dsum the outputs' shape, dtype and device)."""
@@ -368,11 +375,8 @@ class Programs:
         if rstd is None:
             rstd = x.new_empty(call.rstd_shape, dtype=torch.float32)
         if call.rows:
-            call.plan.forward(
-                host.stream_handle(call.plan.device), x=x, residual=residual, gate=gate,
-                weight=weight, y=y, residual_out=residual_out, rstd=rstd, rows=call.rows,
-                cols=call.cols, weight_fp32=call.weight_fp32, eps=call.eps,
-                weight_offset=weight_offset)
+            call.launch(plans.stream_handle(call.plan.device), x, residual, gate, weight, y,
+                        residual_out, rstd, weight_offset)
         return y, residual_out, rstd
 
     def forward_helper(self, x, gate, weight, residual, eps, weight_offset, out, residual_out,
@@ -383,27 +387,7 @@ class Programs:
                                  rstd)
         return self.forward(call, x, gate, weight, residual, weight_offset, out, residual_out, rstd)
 
-    def launch(self, x, gate, weight, residual, eps, weight_offset) -> tuple:
-        """An autograd forward's launch (outputs allocated here): ``(plan, y, residual_out or
-        None, rstd)``, what :meth:`keep` records."""
-        call = self.forward_call(x, gate, weight, residual, eps, weight_offset)
-        return (call.plan, *self.forward(call, x, gate, weight, residual, weight_offset))
-
-    @staticmethod
-    def keep(ctx, launched: tuple, *, x, gate, weight, residual, weight_offset):
-        """Records on an autograd ``ctx`` what :meth:`autograd_backward` needs from a forward
-        that :meth:`launch` gave ``launched``: the plan, and as saved tensors the normalised input
-        (x, or the prenorm sum), the gate (None without), the weight and rstd. Returns the
-        forward's outputs: y, or (y, the prenorm sum) with a residual."""
-        plan, y, s, rstd = launched
-        ctx.set_materialize_grads(False)
-        ctx.plan = plan
-        ctx.has_residual = residual is not None
-        ctx.weight_offset = weight_offset
-        ctx.save_for_backward(x if s is None else s, gate, weight, rstd)
-        return y if s is None else (y, s)
-
-    def backward(self, plan: host.Plan, *, dy, x, gate, weight, rstd, dsum, weight_offset,
+    def backward(self, plan: plans.Plan, *, dy, x, gate, weight, rstd, dsum, weight_offset,
                  grad_dtype, dx=None, dg=None, dresidual=None, dweight=None,
                  workspace=None) -> tuple:
         """Allocates what the caller did not give, launches; returns (dx, dg, dresidual,
@@ -417,20 +401,68 @@ class Programs:
             dresidual = torch.empty_like(x)
         if dweight is None:
             dweight = torch.empty_like(weight, dtype=grad_dtype)
-        workspace, size = host.workspace_or_new(plan, workspace, x)
-        plan.backward(
-            host.stream_handle(plan.device), s=x, gate=gate, weight=weight, dy=dy, rstd=rstd,
-            dsum=dsum, dx=dx, dresidual=dresidual, dgate=dg, workspace=workspace,
-            workspace_bytes=size, dweight=dweight, rows=problem.rows, cols=problem.cols,
-            weight_fp32=int(problem.weight_fp32), dweight_dtype=_DTYPE_CODES[dweight.dtype],
-            weight_offset=weight_offset)
+        workspace, size = plans.workspace_or_new(plan, workspace, x)
+        plan.backward(plans.stream_handle(plan.device), x, gate, weight, dy, rstd, dsum, dx,
+                      dresidual, dg, workspace, size, dweight, _DTYPE_CODES[dweight.dtype],
+                      weight_offset)
         return dx, dg, dresidual, dweight
 
-    def autograd_backward(self, plan: host.Plan, *, s, gate, weight, rstd, dy, dsum,
-                          weight_offset, has_residual) -> tuple:
-        """The autograd backward of a forward that ran with ``plan`` (s: its normalised input),
-        gradients in the inputs' dtypes; returns what :meth:`backward` does."""
-        dy, dsum = upstream_gradients(s, dy, dsum, has_residual)
-        plan = self._autograd_backward_plan(plan, s=s, gate=gate, dy=dy, dsum=dsum)
-        return self.backward(plan, dy=dy, x=s, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
-                             weight_offset=weight_offset, grad_dtype=weight.dtype)
+    # ----------------------------------------------------------------------- autograd
+
+    def differentiable(self, *, package: str, module: str, function_name: str,
+                       doc: str) -> autograd.Differentiable:
+        """The family's functional and autograd class (core.autograd's skeleton):
+        ``(x, [g,] weight, residual, eps, weight_offset)`` -> y, or ``(y, x + residual)``.
+
+        The forward's results are (y, the prenorm sum or None, rstd); the backward gets the
+        normalised input (x, or the sum), the gate, the weight, rstd and the sum again when
+        there is a residual (which tells the backward there was one)."""
+        gated = self._gated
+        residual_at = 3 if gated else 2
+        names = "Tensor x, Tensor g, " if gated else "Tensor x, "
+
+        def split(args):
+            return tuple(args) if gated else (args[0], None, *args[1:])
+
+        def forward(*args):
+            x, gate, weight, residual, eps, weight_offset = split(args)
+            call = self.forward_call(x, gate, weight, residual, eps, weight_offset)
+            return autograd.Forward(
+                self.forward(call, x, gate, weight, residual, weight_offset), call.plan)
+
+        def fake(*args):
+            x, _, _, residual, _, _ = split(args)
+            return (torch.empty_like(x), None if residual is None else torch.empty_like(x),
+                    x.new_empty(x.shape[:-1], dtype=torch.float32))
+
+        def save(args, results):
+            x, gate, weight, residual, _, _ = split(args)
+            s = x if residual is None else results[1]
+            return s, gate, weight, results[2], None if residual is None else s
+
+        def backward(plan, constants, saved, grads):
+            s, gate, weight, rstd, sum_marker = saved
+            dy, dsum, _ = grads
+            if dy is None and dsum is None:
+                return {}
+            has_residual = sum_marker is not None
+            weight_offset = constants["weight_offset"]
+            dy, dsum = upstream_gradients(s, dy, dsum, has_residual)
+            if plan is None:  # under torch.compile: validate the backward's own call
+                plan = self.backward_plan(dy=dy, x=s, gate=gate, weight=weight, rstd=rstd,
+                                          dsum=dsum, weight_offset=weight_offset,
+                                          has_residual=has_residual, grad_dtype=weight.dtype)
+            else:
+                plan = self._autograd_backward_plan(plan, s=s, gate=gate, dy=dy, dsum=dsum)
+            dx, dg, dresidual, dweight = self.backward(
+                plan, dy=dy, x=s, gate=gate, weight=weight, rstd=rstd, dsum=dsum,
+                weight_offset=weight_offset, grad_dtype=weight.dtype)
+            return {"x": dx, "g": dg, "weight": dweight, "residual": dresidual}
+
+        return autograd.Differentiable(
+            package=package, name="rmsnorm", function_name=function_name, module=module, doc=doc,
+            arguments=f"{names}Tensor weight, Tensor? residual, float eps, float weight_offset",
+            forward=forward, fake=fake,
+            outputs=lambda args: (0,) if args[residual_at] is None else (0, 1),
+            save=save, backward=backward,
+            grad_like={"x": 0, "weight": 2, "residual": 4, **({"g": 1} if gated else {})})
