@@ -1,12 +1,15 @@
-"""``python -m cake info`` and ``python -m cake selftest``."""
+"""``python -m cake info``, ``python -m cake selftest`` and ``python -m cake precompile``."""
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
+import os
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -136,11 +139,54 @@ def _run_family_selftest(name: str, device: loader.Device) -> int:
     return failures
 
 
+def precompile(arch: str | None, jobs: int) -> int:
+    """JIT-compiles, ``jobs`` at a time, every program of every family for ``arch`` (default: the
+    arch of GPU 0) that has no prebuilt or cached library yet, with a line per library done."""
+    if arch is None:
+        devices, driver_line = _devices()
+        if not devices:
+            print(f"cake precompile: error: no GPU to take the arch from ({driver_line}); "
+                  "pass --arch", file=sys.stderr)
+            return 1
+        arch = devices[0].arch
+    todo = []
+    for directory in family_dirs():
+        programs = loader.ProgramSet.for_package(directory)
+        todo += [(programs, p) for p in programs.manifest.programs
+                 if programs.state(p, arch) == "would compile"]
+    print(f"cake precompile: {len(todo)} program(s) to compile for {arch}, {jobs} at a time")
+    done = 0
+
+    def compile_one(job):
+        programs, program = job
+        start = time.perf_counter()
+        jit.compile_program(programs.tree, programs.manifest, program, arch)
+        return program.library, time.perf_counter() - start
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        for library, seconds in pool.map(compile_one, todo):
+            done += 1
+            print(f"[{done}/{len(todo)}] {library} ({seconds:.0f} s)", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cake", description=__doc__)
-    parser.add_argument("command", choices=["info", "selftest"])
+    parser = argparse.ArgumentParser(
+        prog="python -m cake",
+        description="cake-train's command line: what is installed and how it would load, the "
+                    "self-test of the installed package, and JIT precompiles.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help="the device, the toolchain and each program's state")
+    commands.add_parser("selftest", help="check the installed manifests, sources and "
+                                         "libraries; on a GPU, run each family once")
+    compile_parser = commands.add_parser(
+        "precompile", help="JIT-compile every program for an arch into the cache")
+    compile_parser.add_argument("--arch", help="default: the arch of GPU 0")
+    compile_parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     try:
+        if args.command == "precompile":
+            return precompile(args.arch, args.jobs)
         return info() if args.command == "info" else selftest()
     except (UsageError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(f"cake {args.command}: error: {exc}", file=sys.stderr)

@@ -9,10 +9,8 @@ Exit status: 0 clean, 1 findings, 2 usage or I/O error.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
-import re
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator, Sequence
@@ -236,40 +234,6 @@ def _read(path: Path) -> bytes:
 
 def _raise(exc: OSError) -> None:
     raise UsageError(f"{exc.filename}: cannot read directory: {exc.strerror or exc}")
-
-
-# --------------------------------------------------------------------------- vendored gate
-
-
-def check_vendored_imports(package_dir: Path) -> Iterator[Finding]:
-    """CM701: a vendored package may import only itself (relatively), stdlib and torch."""
-    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
-    package_dir = Path(package_dir)
-    for file in sorted(package_dir.rglob("*.py")):
-        try:
-            tree = ast.parse(_read(file), str(file))
-        except SyntaxError as exc:
-            yield Finding(str(file), f"line {exc.lineno}", "CM701", f"cannot parse: {exc.msg}")
-            continue
-        # A relative import of more dots than this leaves the vendored package (into the host).
-        most_dots = len(file.relative_to(package_dir).parts)
-        for node in ast.walk(tree):
-            for name, line in _absolute_imports(node):
-                if name.split(".")[0] not in allowed:
-                    yield Finding(str(file), f"line {line}", "CM701",
-                                  f"imports {name}; only relative, stdlib and torch are allowed")
-            if isinstance(node, ast.ImportFrom) and node.level > most_dots:
-                name = "." * node.level + (node.module or "")
-                yield Finding(str(file), f"line {node.lineno}", "CM701",
-                              f"imports {name}, which leaves the vendored package")
-
-
-def _absolute_imports(node: ast.AST) -> Iterator[tuple[str, int]]:
-    if isinstance(node, ast.Import):
-        for alias in node.names:
-            yield alias.name, node.lineno
-    elif isinstance(node, ast.ImportFrom) and node.level == 0:
-        yield node.module or "", node.lineno
 
 
 # --------------------------------------------------------------------------- discovery

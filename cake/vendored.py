@@ -18,13 +18,14 @@ edited (CM703). Standard library only.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .checker import check_vendored_imports
 from .core import manifest as mf
 from .core.manifest import Finding, PackageTree
 
@@ -34,6 +35,38 @@ SIDECAR_VERSION = 1
 _BUILD_OUTPUT_DIR = "lib"
 _BYTECODE_DIR = "__pycache__"
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def check_vendored_imports(package_dir: Path) -> Iterator[Finding]:
+    """CM701: a vendored package may import only itself (relatively), stdlib, torch and Triton
+    (its core compiles and interprets Triton programs; torch's CUDA builds depend on Triton)."""
+    allowed = set(sys.stdlib_module_names) | {"torch", "triton", "__future__"}
+    package_dir = Path(package_dir)
+    for file in sorted(package_dir.rglob("*.py")):
+        try:
+            tree = ast.parse(Path(file).read_bytes(), str(file))
+        except SyntaxError as exc:
+            yield Finding(str(file), f"line {exc.lineno}", "CM701", f"cannot parse: {exc.msg}")
+            continue
+        # A relative import of more dots than this leaves the vendored package (into the host).
+        most_dots = len(file.relative_to(package_dir).parts)
+        for node in ast.walk(tree):
+            for name, line in _absolute_imports(node):
+                if name.split(".")[0] not in allowed:
+                    yield Finding(str(file), f"line {line}", "CM701",
+                                  f"imports {name}; only relative, stdlib and torch are allowed")
+            if isinstance(node, ast.ImportFrom) and node.level > most_dots:
+                name = "." * node.level + (node.module or "")
+                yield Finding(str(file), f"line {node.lineno}", "CM701",
+                              f"imports {name}, which leaves the vendored package")
+
+
+def _absolute_imports(node: ast.AST) -> Iterator[tuple[str, int]]:
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name, node.lineno
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        yield node.module or "", node.lineno
 
 
 class SidecarError(ValueError):

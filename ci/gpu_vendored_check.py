@@ -15,16 +15,17 @@ meta-path blocker):
    into ``<package>/lib`` (``--jit-only`` skips the build: the vendored run then compiles).
 2. A child process imports the vendored package as a top-level package with ``flashinfer``
    AND ``cake`` blocked, with ``CAKE_JIT=0`` (so every library it uses must come from the
-   vendored build), runs each case of :data:`CASES` (autograd forward and backward on seeded
-   inputs) and saves the outputs and gradients and the libraries it loaded.
+   vendored build), runs the family's own bitwise cases (``<family>._selftest.bitwise_cases``:
+   autograd forward and backward on seeded inputs) and saves the outputs and gradients and the
+   libraries it loaded.
 3. A second child runs the same cases through ``cake.<family>`` from this checkout (its
    loader's normal path: prebuilt, else JIT cache, else a JIT compile into a fresh cache).
 4. The parent compares every tensor bitwise (bytes) and prints one line per tensor and a
    summary; ``--out`` also gets ``vendored_check.json``. Exit 0 when every family that has
    a case was compared and everything is equal, 1 otherwise.
 
-Families without an entry in :data:`CASES` are reported as skipped. Standard library in the
-parent; torch only in the children.
+Families come from the checkout's manifests; one whose ``_selftest`` has no ``bitwise_cases``
+is reported as skipped. Standard library in the parent; torch only in the children.
 """
 
 from __future__ import annotations
@@ -46,111 +47,21 @@ REPO = Path(__file__).resolve().parent.parent
 # --------------------------------------------------------------------------- cases (children)
 
 
-def _generator(seed: int):
-    import torch
-
-    return torch.Generator(device="cpu").manual_seed(seed)
-
-
-def _doc_offsets(tokens: int, docs: int, gen) -> list[int]:
-    import torch
-
-    cuts = sorted(torch.randint(0, tokens + 1, (docs - 1,), generator=gen).tolist())
-    return [0, *cuts, tokens]
-
-
-def causal_conv1d_cases(family, device) -> dict:
-    """Autograd forward + backward of cake_causal_conv1d_det over the route bands."""
-    import torch
-
-    outputs = {}
-    # (name, tokens, channels, documents, x dtype, weight dtype, bias, activation)
-    table = [
-        ("narrow-bf16-bias-fp32w", 4099, 200, 5, torch.bfloat16, torch.float32, True, "silu"),
-        ("wide-fp16-nobias", 8191, 1024, 3, torch.float16, torch.float16, False, "silu"),
-        ("wide-bf16-bias-none", 3001, 264, 1, torch.bfloat16, torch.bfloat16, True, None),
-        ("long-bf16-bias", 70001, 512, 3, torch.bfloat16, torch.bfloat16, True, "silu"),
-    ]
-    for seed, (name, tokens, channels, docs, dtype, wdtype, bias, activation) in enumerate(table):
-        gen = _generator(1000 + seed)
-        x = torch.randn(tokens, channels, generator=gen).to(device, dtype).requires_grad_()
-        w = (torch.randn(channels, 4, generator=gen) / 2).to(device, wdtype).requires_grad_()
-        b = ((torch.randn(channels, generator=gen) / 4).to(device, wdtype).requires_grad_()
-             if bias else None)
-        cu = torch.tensor(_doc_offsets(tokens, docs, gen), dtype=torch.int32, device=device)
-        dy = torch.randn(tokens, channels, generator=gen).to(device, dtype)
-        y = family.cake_causal_conv1d_det(x, w, b, cu, activation=activation)
-        y.backward(dy)
-        outputs.update({f"{name}/y": y, f"{name}/dx": x.grad, f"{name}/dweight": w.grad})
-        if b is not None:
-            outputs[f"{name}/dbias"] = b.grad
-    return outputs
-
-
-def _rmsnorm_cases(function, device, gated: bool) -> dict:
-    """Autograd forward + backward of (gated) RMSNorm: scalar and vector loads, residual."""
-    import torch
-
-    outputs = {}
-    # (name, rows, D, x dtype, weight dtype, residual, weight_offset)
-    table = [
-        ("vector-bf16-fp32w", 4097, 4096, torch.bfloat16, torch.float32, False, 0.0),
-        ("scalar-fp16-residual", 1000, 1001, torch.float16, torch.float16, True, 0.0),
-        ("vector-fp32-offset", 257, 16384, torch.float32, torch.float32, False, 1.0),
-        ("scalar-bf16-residual", 3333, 77, torch.bfloat16, torch.bfloat16, True, 0.0),
-    ]
-    for seed, (name, rows, cols, dtype, wdtype, residual, offset) in enumerate(table):
-        gen = _generator(2000 + seed + (100 if gated else 0))
-        x = torch.randn(rows, cols, generator=gen).to(device, dtype).requires_grad_()
-        g = (torch.randn(rows, cols, generator=gen).to(device, dtype).requires_grad_()
-             if gated else None)
-        w = (torch.rand(cols, generator=gen) + 0.5 - offset).to(device, wdtype).requires_grad_()
-        r = (torch.randn(rows, cols, generator=gen).to(device, dtype).requires_grad_()
-             if residual else None)
-        inputs = (x, g, w) if gated else (x, w)
-        result = function(*inputs, r, eps=1e-6, weight_offset=offset)
-        results = list(result) if residual else [result]
-        grads = [torch.randn(rows, cols, generator=gen).to(device, dtype) for _ in results]
-        torch.autograd.backward(results, grads)
-        outputs[f"{name}/y"] = results[0]
-        if residual:
-            outputs[f"{name}/s"] = results[1]
-            outputs[f"{name}/dresidual"] = r.grad
-        outputs.update({f"{name}/dx": x.grad, f"{name}/dweight": w.grad})
-        if gated:
-            outputs[f"{name}/dg"] = g.grad
-    return outputs
-
-
-def rmsnorm_cases(family, device) -> dict:
-    return _rmsnorm_cases(family.cake_rmsnorm_det, device, gated=False)
-
-
-def gated_rmsnorm_cases(family, device) -> dict:
-    return _rmsnorm_cases(family.cake_gated_rmsnorm_det, device, gated=True)
-
-
-# Family package name -> function(module, device) -> {name: tensor}.
-CASES = {
-    "cake_causal_conv1d_det_train": causal_conv1d_cases,
-    "cake_rmsnorm_det_train": rmsnorm_cases,
-    "cake_gated_rmsnorm_det_train": gated_rmsnorm_cases,
-}
-
-
 def child(side: str, family_name: str, output: Path) -> None:
-    """Runs the family's cases in this process and saves outputs and loaded libraries."""
+    """Runs the family's own bitwise cases (``<family>._selftest.bitwise_cases``) in this process
+    and saves the outputs and the libraries it loaded."""
     import importlib
 
     import torch
 
     module_name = family_name if side == "vendored" else f"cake.{family_name}"
     family = importlib.import_module(module_name)
+    cases = importlib.import_module(f"{module_name}._selftest").bitwise_cases
     loader = importlib.import_module(f"{module_name}.core.loader" if side == "vendored"
                                      else "cake.core.loader")
     device = torch.device("cuda", 0)
     start = time.perf_counter()
-    outputs = CASES[family_name](family, device)
+    outputs = cases(device)
     torch.cuda.synchronize()
     libraries = sorted({(lib.program.library, lib.origin, str(lib.path))
                         for programs in loader.ProgramSet._instances.values()
@@ -162,6 +73,12 @@ def child(side: str, family_name: str, output: Path) -> None:
 
 
 # --------------------------------------------------------------------------- parent
+
+
+def has_cases(family_name: str) -> bool:
+    """The family's ``_selftest`` module defines ``bitwise_cases`` (read, not imported)."""
+    module = REPO / "cake" / family_name / "_selftest.py"
+    return module.is_file() and "\ndef bitwise_cases(" in module.read_text()
 
 
 class Job:
@@ -258,7 +175,7 @@ def check(args: argparse.Namespace, families: list[str], work: Path) -> int:
     print(f"gpu_vendored_check: vendored {len(families)} famil"
           f"{'y' if len(families) == 1 else 'ies'} into {into} as {PREFIX}.<name> in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
-    cased = [name for name in families if name in CASES]
+    cased = [name for name in families if has_cases(name)]
     jobs = {}
 
     def child_job(side: str, name: str) -> Job:
@@ -293,8 +210,8 @@ def check(args: argparse.Namespace, families: list[str], work: Path) -> int:
     ok = True
     compared = 0
     for name in families:
-        if name not in CASES:
-            print(f"gpu_vendored_check: {name}: SKIPPED (no case in ci/gpu_vendored_check.py)")
+        if name not in cased:
+            print(f"gpu_vendored_check: {name}: SKIPPED (its _selftest has no bitwise_cases)")
             report["families"][name] = {"skipped": "no case"}
             continue
         saved = {}

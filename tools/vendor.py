@@ -12,11 +12,16 @@ with a manifest in ``manifests/`` and a package in ``cake/``) becomes ``DIR/<nam
 
 * the family's modules (``cake/<name>/``), byte for byte except for one rewrite: family
   modules import the shared runtime only as ``from ..core import ...`` /
-  ``from ..core.<module> import ...`` and that prefix becomes ``from .core``. Nothing else
-  is rewritten; any other import of ``cake`` (``import cake``, ``from cake.core ...``,
-  ``from .. import core``, ``from ..checker ...``) stops the tool with the file and line;
-* ``core/``: a verbatim copy of ``cake/core/`` (manifest model, loader, JIT, compile flags,
-  torch-side host helpers), which imports only itself, the standard library and torch;
+  ``from ..core.<module> import ...`` (or host code several families share as
+  ``from .._shared.<module> import ...``) and that prefix becomes ``from .core`` (``from
+  ._shared``). Nothing else is rewritten; any other import of ``cake`` (``import cake``,
+  ``from cake.core ...``, ``from .. import core``, ``from ..checker ...``) stops the tool with
+  the file and line;
+* ``core/``: a verbatim copy of ``cake/core/`` (manifest model, loader, JIT, toolchain, the
+  Triton compile, torch-side checks, plans and autograd), which imports only itself, the
+  standard library and torch (and Triton, where it compiles or interprets Triton programs);
+* ``_shared/``: verbatim copies of the ``cake/_shared/`` modules the family imports (they
+  import only ``..core``, the standard library and torch), when it imports any;
 * ``build.json``: the manifest with only ``package`` rewritten to ``PREFIX.<name>``;
 * ``csrc/``: the sources the manifest lists and ``csrc/include/<header>`` for its headers,
   bytes unchanged (test-only programs of ``manifests/<name>.test.json`` are not vendored);
@@ -52,8 +57,12 @@ from cake import checker, vendored  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
 
 CORE = "core"
+SHARED = "_shared"
+# The runtime packages a family module may import (the rewrite moves them one level in).
+_RUNTIME = (CORE, SHARED)
 # Names the vendored layout uses next to the family's own modules.
-_RESERVED = {CORE, "csrc", "lib", mf.MANIFEST_NAME, mf.TEST_MANIFEST_NAME, vendored.SIDECAR_NAME}
+_RESERVED = {CORE, SHARED, "csrc", "lib", mf.MANIFEST_NAME, mf.TEST_MANIFEST_NAME,
+             vendored.SIDECAR_NAME}
 _SKIPPED_DIRS = {"__pycache__"}
 _SKIPPED_SUFFIXES = {".pyc", ".pyo", ".so"}
 
@@ -70,7 +79,8 @@ class UsageError(Exception):
 
 
 def rewrite_core_imports(text: str, path: str, depth: int) -> str:
-    """``from ..core`` -> ``from .core`` in one family module, ``depth`` folders below the family.
+    """``from ..core`` -> ``from .core`` (and ``from .._shared`` -> ``from ._shared``) in one
+    family module, ``depth`` folders below the family.
 
     Every other import that leaves the family package (or names ``cake``) raises
     :class:`VendorError` naming the file and line.
@@ -93,7 +103,8 @@ def rewrite_core_imports(text: str, path: str, depth: int) -> str:
                 raise _other_cake_import(path, node.lineno, f"from {module}", core_dots)
             if node.level < up:
                 continue  # inside the family package
-            if node.level == up and (module == CORE or module.startswith(CORE + ".")):
+            if node.level == up and module.split(".")[0] in _RUNTIME and (
+                    module != SHARED):  # a shared module by name, not the folder
                 edits.append(node)
             else:
                 raise _other_cake_import(path, node.lineno,
@@ -101,7 +112,7 @@ def rewrite_core_imports(text: str, path: str, depth: int) -> str:
     if not edits:
         return text
     lines = text.splitlines(keepends=True)
-    pattern = re.compile(rb"from(\s+)" + re.escape(b"." * up) + CORE.encode() + rb"\b")
+    pattern = re.compile(rb"from(\s+)" + re.escape(b"." * up) + rb"(core|_shared)\b")
     # Right to left, so that an earlier edit never moves a later one's column.
     for node in sorted(edits, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         line = lines[node.lineno - 1].encode()
@@ -109,7 +120,7 @@ def rewrite_core_imports(text: str, path: str, depth: int) -> str:
         if match is None:
             raise VendorError(f"{path}:{node.lineno}: cannot rewrite this import of {core_dots} "
                               f"(write it on one line as 'from {core_dots} import ...')")
-        replacement = b"from" + match.group(1) + b"." * (up - 1) + CORE.encode()
+        replacement = b"from" + match.group(1) + b"." * (up - 1) + match.group(2)
         lines[node.lineno - 1] = (line[:match.start()] + replacement
                                   + line[match.end():]).decode()
     rewritten = "".join(lines)
@@ -134,8 +145,9 @@ def _check_rewrite(before: ast.AST, after: ast.AST, path: str) -> None:
                           "(please report this as a cake-train bug)")
 
 
-def _check_core_imports(text: str, path: str, depth: int) -> None:
-    """``cake/core`` must import only itself: it is copied verbatim."""
+def _check_core_imports(text: str, path: str, depth: int, allowed: str | None = None) -> None:
+    """``cake/core`` must import only itself (a shared module: itself and ``allowed``,
+    ``..core``): both are copied verbatim."""
     for node in ast.walk(ast.parse(text, path)):
         names = []
         if isinstance(node, ast.Import):
@@ -146,10 +158,22 @@ def _check_core_imports(text: str, path: str, depth: int) -> None:
             elif node.level == 0:
                 names = [node.module or ""]
         for name in names:
+            if allowed and (name == allowed or name.startswith(allowed + ".")):
+                continue
             if name.startswith(".") or name.split(".")[0] == mf.REPO_PACKAGE:
-                raise VendorError(f"{path}:{node.lineno}: cake/core imports {name}; it is copied "
+                raise VendorError(f"{path}:{node.lineno}: {path} imports {name}; it is copied "
                                   "verbatim into each vendored package, so it may import only "
-                                  "itself (relatively), the standard library and torch")
+                                  "itself (relatively), ..core (a shared module), the standard "
+                                  "library, torch and triton")
+
+
+def _shared_modules(text: str, path: str) -> list[str]:
+    """The ``cake/_shared`` modules one family module imports (``from .._shared.<name>``)."""
+    found = []
+    for node in ast.walk(ast.parse(text, path)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(SHARED + "."):
+            found.append(node.module.split(".")[1])
+    return found
 
 
 # --------------------------------------------------------------------------- the copy
@@ -171,15 +195,25 @@ def planned_files(root: Path, name: str, package: str) -> tuple[dict[str, bytes]
     manifest = mf.read(tree.manifest_path)
     files: dict[str, bytes] = {}
     family_dir = root / mf.REPO_PACKAGE / name
+    shared: list[str] = []
     for relative, path in _module_files(family_dir):
         if relative.parts[0] in _RESERVED:
             raise VendorError(f"{path}: the name {relative.parts[0]!r} is taken by the vendored "
-                              "layout (core/, csrc/, lib/, build.json, VENDORED.json)")
+                              "layout (core/, _shared/, csrc/, lib/, build.json, VENDORED.json)")
         data = path.read_bytes()
         if path.suffix == ".py":
-            data = rewrite_core_imports(data.decode("utf-8"), str(path),
-                                        len(relative.parts) - 1).encode("utf-8")
+            text = data.decode("utf-8")
+            shared += _shared_modules(text, str(path))
+            data = rewrite_core_imports(text, str(path), len(relative.parts) - 1).encode("utf-8")
         files[relative.as_posix()] = data
+    if shared:
+        for module in ["__init__", *dict.fromkeys(shared)]:
+            path = root / mf.REPO_PACKAGE / SHARED / f"{module}.py"
+            if not path.is_file():
+                raise VendorError(f"{path}: a family imports it, and it does not exist")
+            data = path.read_bytes()
+            _check_core_imports(data.decode("utf-8"), str(path), 0, allowed="..core")
+            files[f"{SHARED}/{module}.py"] = data
     for relative, path in _module_files(root / mf.REPO_PACKAGE / CORE):
         data = path.read_bytes()
         if path.suffix == ".py":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._shared import rmsnorm_selftest
 from ..core import selftest
 from ._function import cake_rmsnorm_det
 from .reference import reference_backward, reference_forward
@@ -29,4 +30,9 @@ def run(device_index: int) -> list:
     y, _, _ = reference_forward(x, weight)
     dx, dweight = reference_backward(dy, x, weight)[:2]
     return [selftest.selftest_case(f"bf16 T={rows} D={width}", compute,
-                               {"y": y, "dx": dx, "dweight": dweight}, tolerance=TOLERANCE)]
+                                   {"y": y, "dx": dx, "dweight": dweight}, tolerance=TOLERANCE)]
+
+
+def bitwise_cases(device: torch.device) -> dict:
+    """Seeded autograd cases, the tensors by name (ci/gpu_vendored_check.py compares builds)."""
+    return rmsnorm_selftest.bitwise_cases(cake_rmsnorm_det, device, gated=False)

@@ -1,4 +1,7 @@
-"""A self-test case for ``python -m cake selftest`` (the families' ``_selftest`` modules)."""
+"""What the families' ``_selftest`` modules share: a case of ``python -m cake selftest`` (against
+the float64 reference, run twice), and the seeded inputs of their bitwise cases (the checks that
+compare two builds of a family, such as a vendored copy and cake-train's own, tensor by
+tensor: ci/gpu_vendored_check.py)."""
 
 from __future__ import annotations
 
@@ -27,3 +30,14 @@ def selftest_case(name: str, compute, reference: Mapping[str, torch.Tensor], *,
             return name, f"{key}: relative error {error:.2e} > {tolerance:.0e}"
     return name, None
 
+
+
+def generator(seed: int) -> torch.Generator:
+    """A CPU generator: bitwise cases draw their inputs on the CPU, the same on every machine."""
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def document_offsets(tokens: int, documents: int, gen: torch.Generator) -> list[int]:
+    """``documents`` random packed-document offsets over ``tokens`` (0 first, ``tokens`` last)."""
+    cuts = sorted(torch.randint(0, tokens + 1, (documents - 1,), generator=gen).tolist())
+    return [0, *cuts, tokens]
