@@ -15,7 +15,7 @@ from typing import Sequence
 
 from . import __version__
 from .checker import UsageError, check_tree
-from .core import jit, loader, toolchain, triton_aot
+from .core import jit, loader, toolchain, triton_aot, trust
 
 
 def family_dirs() -> list[Path]:
@@ -112,21 +112,32 @@ def selftest() -> int:
 
 
 def _library_problems(programs: loader.ProgramSet):
-    """Every prebuilt library must be a listed (program, arch) and embed that program's digest."""
+    """Every prebuilt library must be a listed (program, arch), have the sha256 the package's
+    build record gives it (checked before it is loaded) and embed that program's digest."""
     by_library = {p.library: p for p in programs.manifest.programs}
+    try:
+        record = programs.record()
+    except loader.LibraryRefused as exc:
+        yield str(exc)
+        return
     for path in sorted((programs.package_dir / "lib").glob("*.so")):
         library, _, arch = path.stem.rpartition("_sm_")
         program = by_library.get(library)
         if program is None or f"sm_{arch}" not in program.arches:
             yield f"{path}: not a (program, arch) of the manifest"
             continue
+        if path.name not in record:
+            yield f"{path}: not in the package's build record ({trust.RECORD_NAME})"
+            continue
         try:
-            digest = loader.embedded_digest(path, library)
+            digest = loader.embedded_digest(path, library, record[path.name])
         except loader.LibraryRefused as exc:
             yield str(exc)
             continue
         if digest != program.digest:
             yield f"{path}: embeds digest {digest}, the manifest says {program.digest}"
+    for name in sorted(set(record) - {p.name for p in (programs.package_dir / "lib").glob("*.so")}):
+        yield f"{programs.package_dir / 'lib' / name}: in the build record, but missing"
 
 
 def _run_family_selftest(name: str, device: loader.Device) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator, Sequence
 
 from .core import manifest as mf
+from .core import trust
 from .core.manifest import Finding, Manifest, PackageTree, Program
 
 class UsageError(Exception):
@@ -40,7 +41,33 @@ def check_tree(tree: PackageTree) -> tuple[list[Finding], int]:
     if len(manifests) == len(list(tree.manifest_paths())):
         # Orphans are only meaningful when every manifest could be read.
         findings.extend(checked.orphans())
+    findings.extend(check_libraries(tree))
     return findings, sum(len(m.programs) for _, m in manifests)
+
+
+def check_libraries(tree: PackageTree) -> Iterator[Finding]:
+    """An installed (or vendored and built) package's ``lib/`` against its build record: every
+    library listed, with the recorded bytes (the loader refuses any other before loading it)."""
+    lib_dir = tree.manifest_path.parent / "lib"
+    if tree.manifest_path.name != mf.MANIFEST_NAME or not lib_dir.is_dir():
+        return
+    record_path = lib_dir / trust.RECORD_NAME
+    try:
+        record = trust.read_record(lib_dir) or {}
+    except trust.Untrusted as exc:
+        yield Finding(str(record_path), "$", "CM803", str(exc))
+        return
+    present = sorted(p.name for p in lib_dir.glob("*.so"))
+    for name in present:
+        if name not in record:
+            yield Finding(str(record_path), "libraries", "CM801",
+                          f"lib/{name} is not in the build record")
+        elif mf.sha256_hex(_read(lib_dir / name)) != record[name]:
+            yield Finding(str(record_path), f"libraries.{name}", "CM802",
+                          f"lib/{name} differs from its recorded sha256; reinstall")
+    for name in sorted(set(record) - set(present)):
+        yield Finding(str(record_path), f"libraries.{name}", "CM801",
+                      f"lib/{name} is in the build record but missing")
 
 
 class _TreeCheck:

@@ -8,15 +8,16 @@
 #   CAKE_CUDA_ARCHS   arches to prebuild: auto (default: every arch the installed nvcc supports
 #                     among sm_90a, sm_100a, sm_103a), a list such as "sm_90a" (CI), or none
 #                     (a pure py3-none-any wheel; programs compile on first use).
-#   CAKE_WHEEL_TORCH  1 (default): install torch==2.13.0 (CPU, from this machine's local wheel)
-#                     into the fresh venv first, then the wheel with its dependencies, which
-#                     proves the metadata resolves without pulling an unpinned multi-GB CUDA
-#                     torch. 0: install the wheel with --no-deps (fast; `import cake` and
-#                     check_manifests need no torch).
+#   CAKE_WHEEL_TORCH  1 (default): install torch==2.13.0 (its CPU build, which pip takes from
+#                     a local wheel where the machine has one) into the fresh venv first, then
+#                     the wheel with its dependencies, which proves the metadata resolves
+#                     without pulling an unpinned multi-GB CUDA torch. 0: install the wheel with
+#                     --no-deps (fast; `import cake` and check_manifests need no torch).
 #
 # The build folder is build/<wheel tag> (pyproject.toml), shared with `pip install .`: after
-# one, this script recompiles nothing. Prints the wheel tag, a table of the libraries
-# (program, arch, size) and the build's parallel efficiency from .ninja_log.
+# one, this script recompiles nothing. The build's log streams as it goes (ninja's [done/total]
+# lines). Prints the wheel tag, the libraries' sizes against the targets (tools/sizes.py) and the
+# build's parallel efficiency from .ninja_log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -31,10 +32,11 @@ say() { printf 'build_wheel: %s\n' "$*"; }
 # --------------------------------------------------------------------------- build
 say "building the wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
 start=$(date +%s.%N)
-if ! "$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v >"$work/build.log" 2>&1
-then
+"$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v 2>&1 | tee "$work/build.log" \
+  | { grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\]|rror|cake-train:' || true; }
+if [ "${PIPESTATUS[0]}" != 0 ]; then
+  say "pip wheel failed; its log's end:"
   tail -n 60 "$work/build.log"
-  say "pip wheel failed; the full log was $work/build.log (above: its end)"
   exit 1
 fi
 build_s=$("$python" -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" \
@@ -49,10 +51,9 @@ say "built $(basename "$raw") in ${build_s} s"
 export PATH="$work/tools/bin:$PATH"
 # (grep reads the whole listing: -q would close the pipe early, and pipefail sees SIGPIPE.)
 if "$python" -m zipfile -l "$raw" | grep '\.so ' >/dev/null; then
-  # Only the CUDA driver and runtime may stay outside the wheel (the libraries link the
-  # runtime statically and load the driver at run time; neither may be bundled).
-  "$work/tools/bin/auditwheel" repair --exclude 'libcuda.so.1' --exclude 'libcudart.so.*' \
-    --wheel-dir "$work/repaired" "$raw"
+  # Only the CUDA driver may stay outside the wheel: the libraries open it at run time
+  # (and link nothing else but libc).
+  "$work/tools/bin/auditwheel" repair --exclude 'libcuda.so.1' --wheel-dir "$work/repaired" "$raw"
   wheel=$(ls "$work"/repaired/*.whl)
   "$work/tools/bin/auditwheel" show "$wheel"
 else
@@ -93,24 +94,10 @@ fi
 (cd "$work" && venv/bin/python -m cake info) || say "python -m cake info failed (see above)"
 
 # --------------------------------------------------------------------------- report
-"$python" - "$package" "$repo" "$start" <<'EOF'
+"$python" "$repo/tools/sizes.py" "$wheel" || say "a size target is missed (above)"
+"$python" - "$repo" "$start" <<'EOF'
 import glob, os, sys
-package, repo, start_s = sys.argv[1:]
-rows = []
-for lib in sorted(glob.glob(os.path.join(package, "*", "lib", "*.so"))):
-    name = os.path.basename(lib)[: -len(".so")]
-    program, _, arch = name.rpartition("_sm_")
-    rows.append((os.path.basename(os.path.dirname(os.path.dirname(lib))), program,
-                 "sm_" + arch, os.path.getsize(lib)))
-if rows:
-    width = max(len(r[1]) for r in rows)
-    print(f"{'program':<{width}}  {'arch':<8}  {'size':>10}")
-    for _, program, arch, size in rows:
-        print(f"{program:<{width}}  {arch:<8}  {size / 1024:>7.1f} KiB")
-    total = sum(r[3] for r in rows)
-    print(f"{len(rows)} libraries, {total / 1e6:.1f} MB uncompressed")
-else:
-    print("no prebuilt library in the installed package")
+repo, start_s = sys.argv[1:]
 # Parallel efficiency of this build from ninja's log: each line is start ms, end ms (since
 # ninja started), output mtime (ns), output, hash. This build's jobs are the libraries written
 # after the script started; efficiency = job time summed / (wall time x cores).

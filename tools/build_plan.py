@@ -172,7 +172,9 @@ def plan_text(families: Sequence[Family], arches: Sequence[str], layout: str,
     Each ``cake_add_program`` carries the library's build commands
     (:func:`toolchain.library_steps`, the JIT's commands) and its output file: package
     layout, ``<package>/lib/``; repository layout, ``<build dir>/lib/<family>/``, installed into
-    the wheel's ``cake/<family>/lib``. Images go to ``<build dir>/images/``.
+    the wheel's ``cake/<family>/lib``. Images go to ``<build dir>/images/``. Each family's
+    ``cake_add_record`` then writes ``libraries.json`` next to its libraries: their sha256, which
+    the loader checks before it loads one.
     """
     if arches and (tools is None or build_dir is None):
         raise PlanError("building for an arch needs the tools and a build folder")
@@ -199,12 +201,14 @@ def plan_text(families: Sequence[Family], arches: Sequence[str], layout: str,
         body.append(f"  SOURCES {_args(sorted({s.path for p in manifest.programs for s in p.sources}))}")
         body.append(f"  HEADERS {_args(h.path for h in manifest.headers)})")
         output_dir = family.output_dir or (Path(build_dir or ".") / "lib" / family.name)
+        outputs = []
         for program in manifest.programs:
             sources = [tc.Source(s.role, str(tree.source_path(s))) for s in program.sources]
             headers = [tree.header_path(h) for h in program.headers]
             for arch in [a for a in arches if a in program.arches]:
                 libraries += 1
                 output = output_dir / f"{program.library}_{arch}.so"
+                outputs.append(output)
                 steps = tc.library_steps(
                     tools, kind=program.kind, library=program.library, digest=program.digest,
                     arch=arch, include_dir=str(tree.include_dir), flags=program.flags,
@@ -221,6 +225,11 @@ def plan_text(families: Sequence[Family], arches: Sequence[str], layout: str,
                 for i, step in enumerate(steps, 1):
                     body.append(f"  STEP{i} {_args(step)}")
                 body[-1] += ")"
+        if outputs:
+            record = tc.record_step(tools.python, str(output_dir), [str(o) for o in outputs])
+            body.append(f"cake_add_record({family.name} OUTPUT "
+                        f"{cmake_quote(output_dir / 'libraries.json')}\n"
+                        f"  LIBRARIES {_args(outputs)}\n  COMMAND {_args(record)})")
     # A new or removed manifest changes its folder, so watch the folders too.
     inputs.extend(sorted({f.tree.manifest_path.parent for f in families} | set(watch)))
     lines.append(f"set(CAKE_PLAN_LIBRARY_COUNT {libraries})")

@@ -1,18 +1,22 @@
 """One-time compiles of shipped program sources into a content-keyed cache.
 
 Cache entries live at ``$CAKE_CACHE_DIR/<arch>/<toolchain>/<digest>/<library>_<arch>.so``
-(default ``~/.cache/cake``), where ``<toolchain>`` names the compilers and their versions
-(``nvcc-13.0.88-c++-12.2.0``; ``triton-3.9.0-c++-12.2.0``). A compile holds an exclusive
-``flock`` on the entry's lock file, which the kernel releases if the process dies, builds in a
-private temporary folder with the build's own commands (:func:`toolchain.library_steps`) and
-publishes the library with an atomic rename: concurrent processes compile a program once, and a
-killed compile leaves nothing that a later call could load.
+(default ``~/.cache/cake``, created with mode 0700), where ``<toolchain>`` names the compilers
+and their versions (``nvcc-13.0.88-c++-12.2.0``; ``triton-3.9.0-ptxas-13.0.88-c++-12.2.0``),
+with the library's sha256 beside it (``.so.sha256``). The cache is used only when this user owns
+it and nobody else can write to it (:func:`trust.check_private`). A compile holds an exclusive
+``flock`` on the entry's lock file (opened without following links), which the kernel releases
+if the process dies, builds in a private temporary folder with the build's own commands
+(:func:`toolchain.library_steps`) and publishes the library, then its sha256, each fsynced and
+renamed into place: concurrent processes compile a program once, a killed compile leaves nothing
+that a later call could load, and an entry whose bytes differ from its sha256 is compiled again.
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import math
 import os
 import shutil
 import subprocess
@@ -24,15 +28,20 @@ from pathlib import Path
 from . import manifest as mf
 from . import toolchain as tc
 from . import triton_aot
+from . import trust
 
 
 def lock_timeout_s() -> float:
     """Seconds to wait for another process's compile (``CAKE_JIT_LOCK_TIMEOUT``, default 900)."""
     text = os.environ.get("CAKE_JIT_LOCK_TIMEOUT", "900")
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise ValueError(f"CAKE_JIT_LOCK_TIMEOUT: expected seconds, got {text!r}") from None
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"CAKE_JIT_LOCK_TIMEOUT: expected a finite number of seconds >= 0, "
+                         f"got {text!r}")
+    return value
 
 
 def jit_allowed() -> bool:
@@ -81,30 +90,50 @@ def entry_dir(program: mf.Program, arch: str) -> Path:
     return cache_root() / arch / toolchain_key(program) / program.digest
 
 
-def cached_path(program: mf.Program, arch: str) -> Path | None:
-    """The cached library for (digest, arch, toolchain), if one was published."""
+def cached(program: mf.Program, arch: str) -> tuple[Path, str] | None:
+    """The cached library for (digest, arch, toolchain) and its recorded sha256, if one was
+    published in a cache this user can trust (else raises trust.Untrusted)."""
     try:
-        path = entry_dir(program, arch) / f"{program.library}_{arch}.so"
+        directory = entry_dir(program, arch)
     except (OSError, subprocess.SubprocessError, RuntimeError, TypeError, ValueError):
         return None  # a compiler is missing or broken: nothing can have been cached with it
-    return path if path.is_file() else None
+    trust.check_private(cache_root(), directory)
+    path = directory / f"{program.library}_{arch}.so"
+    record = path.with_name(path.name + ".sha256")
+    if not path.is_file() or not record.is_file():
+        return None
+    return path, record.read_text().strip()
+
+
+def discard(path: Path) -> None:
+    """Removes a cache entry's library and its record (they failed the check before loading)."""
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + ".sha256").unlink(missing_ok=True)
 
 
 def compile_program(tree: mf.PackageTree, manifest: mf.Manifest, program: mf.Program,
-                    arch: str) -> tuple[Path, bool]:
+                    arch: str) -> tuple[Path, str, bool]:
     """Compiles ``program`` for ``arch`` into the cache, once across processes.
 
-    Returns the library's path and whether this call compiled it (False when another
-    process published it while this one waited for the lock).
+    Returns the library's path, its sha256 and whether this call compiled it (False when
+    another process published it while this one waited for the lock).
     """
+    root = cache_root()
+    trust.make_private(root)
     directory = entry_dir(program, arch)
+    trust.check_private(root, directory)
+    trust.make_private(directory)
+    trust.check_private(root, directory)
     target = directory / f"{program.library}_{arch}.so"
-    directory.mkdir(parents=True, exist_ok=True)
+    record = target.with_name(target.name + ".sha256")
     with _exclusive(directory / "lock"):
-        if target.is_file():  # another process published it while we waited
-            return target, False
-        for stale in directory.glob("*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a compile that was killed
+        if target.is_file() and record.is_file():  # published while we waited
+            return target, record.read_text().strip(), False
+        for stale in directory.glob("*.tmp"):  # left by a compile that was killed
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
         _verify_sources(tree, manifest, program)
         sys.stderr.write(f"cake: compiling {program.library} ({program.kind}) for {arch} "
                          f"(one-time; cached in {directory})\n")
@@ -119,10 +148,13 @@ def compile_program(tree: mf.PackageTree, manifest: mf.Manifest, program: mf.Pro
                     raise RuntimeError(
                         f"compiling {program.library} for {arch} failed ({result.returncode}):\n"
                         f"  {' '.join(step)}\n{(result.stderr or result.stdout).strip()}")
-            os.replace(output, target)
+            data = output.read_bytes()
+            sha256 = mf.sha256_hex(data)
+            trust.write_durably(target, data, mode=0o700)
+            trust.write_durably(record, f"{sha256}\n".encode())
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    return target, True
+    return target, sha256, True
 
 
 def build_steps(tree: mf.PackageTree, program: mf.Program, arch: str, work_dir: Path,
@@ -154,8 +186,11 @@ class _exclusive:
         self.path = path
 
     def __enter__(self):
-        self.file = open(self.path, "a+")
         timeout = lock_timeout_s()
+        # Never through a link: another user could point it at a file of ours.
+        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600)
+        self.file = os.fdopen(descriptor, "r+b")
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -2,9 +2,11 @@
 
 For a program and a device the loader uses, in order, the prebuilt library shipped in the
 package (``<package>/lib/<library>_<arch>.so``), a library in the JIT cache, or a JIT compile
-of the shipped sources. Every library is checked before first use: its embedded digest and
-ABI version must match the manifest, otherwise it is refused. Loaded libraries and resolved
-entries are cached per process, so a call's host path touches no file after the first load.
+of the shipped sources. Every library is checked before any of its code runs (trust.py: its
+bytes against the sha256 the package's build record or the cache entry holds, its ELF header),
+and after loading its embedded digest and ABI version must match the manifest; otherwise it is
+refused (a cache entry that fails is compiled again). Loaded libraries and resolved entries are
+cached per process, so a call's host path touches no file after the first load.
 
 Standard library only: the device is queried through the CUDA driver with ctypes.
 """
@@ -22,6 +24,7 @@ from typing import Sequence
 from . import jit
 from . import manifest as mf
 from . import triton_aot
+from . import trust
 
 # Must equal CAKE_ABI_VERSION in csrc/include/cake/program.h (a test keeps them together).
 ABI_VERSION = 2
@@ -243,13 +246,17 @@ class BoundEntry:
 
 
 class Library:
-    """A verified, loaded program library."""
+    """A verified, loaded program library: its bytes had ``sha256`` before it was loaded
+    (else :class:`LibraryRefused`, with ``remedy``), and it reports the manifest's digest."""
 
-    def __init__(self, program: mf.Program, path: Path, origin: str):
+    def __init__(self, program: mf.Program, path: Path, origin: str, sha256: str, remedy: str):
         self.program = program
         self.path = path
         self.origin = origin
-        self._handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+        try:
+            self._handle = trust.load(path, sha256, remedy)
+        except trust.Untrusted as exc:
+            raise LibraryRefused(str(exc)) from None
         self._entries: dict[str, Entry] = {}
         self._verify()
 
@@ -344,9 +351,13 @@ class InterpretedEntry:
         return bound
 
 
-def embedded_digest(path: Path, library: str) -> str:
-    """The digest a library file embeds (for ``selftest`` and tests); loads the file."""
-    handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+def embedded_digest(path: Path, library: str, sha256: str) -> str:
+    """The digest a library file embeds (for ``selftest`` and tests); loads the file once its
+    bytes have ``sha256``."""
+    try:
+        handle = trust.load(path, sha256, "reinstall cake-train")
+    except trust.Untrusted as exc:
+        raise LibraryRefused(str(exc)) from None
     try:
         function = getattr(handle, f"{library}_digest")
     except AttributeError:
@@ -377,6 +388,7 @@ class ProgramSet:
         self.package_dir = Path(package_dir)
         self.tree = _tree_for(self.package_dir)
         self._manifest: mf.Manifest | None = None
+        self._record: dict | None = None
         self._libraries: dict[tuple[str, str], Library] = {}
 
     @property
@@ -391,14 +403,26 @@ class ProgramSet:
     def prebuilt_path(self, program: mf.Program, arch: str) -> Path:
         return self.package_dir / "lib" / f"{program.library}_{arch}.so"
 
+    def record(self) -> dict:
+        """The package's build record (``lib/libraries.json``): library file -> sha256."""
+        if self._record is None:
+            try:
+                self._record = trust.read_record(self.package_dir / "lib") or {}
+            except trust.Untrusted as exc:
+                raise LibraryRefused(str(exc)) from None
+        return self._record
+
     def state(self, program: mf.Program, arch: str | None) -> str:
         """``prebuilt``, ``cached``, ``would compile`` or ``unsupported`` (for ``cake info``)."""
         if arch is None or arch not in program.arches:
             return "unsupported"
         if self.prebuilt_path(program, arch).is_file():
             return "prebuilt"
-        if jit.cached_path(program, arch) is not None:
-            return "cached"
+        try:
+            if jit.cached(program, arch) is not None:
+                return "cached"
+        except trust.Untrusted:
+            return "unsupported (untrusted JIT cache)"
         return "would compile" if jit.unavailable_reason(program) is None else "unsupported"
 
     def interpreted(self, program: mf.Program) -> InterpretedLibrary:
@@ -430,10 +454,25 @@ class ProgramSet:
             raise ProgramUnavailable(unsupported_message(program, target))
         prebuilt = self.prebuilt_path(program, arch)
         if prebuilt.is_file():
-            return Library(program, prebuilt, "prebuilt")
-        cached = jit.cached_path(program, arch)
-        if cached is not None:
-            return Library(program, cached, "cached")
+            sha256 = self.record().get(prebuilt.name)
+            if sha256 is None:
+                raise LibraryRefused(f"{prebuilt}: refused: the package's build record "
+                                     f"({trust.RECORD_NAME}) does not list it; reinstall "
+                                     "cake-train")
+            return Library(program, prebuilt, "prebuilt", sha256, "reinstall cake-train")
+        try:
+            entry = jit.cached(program, arch)
+        except trust.Untrusted as exc:
+            raise ProgramUnavailable(str(exc)) from None
+        if entry is not None:
+            path, sha256 = entry
+            try:
+                return Library(program, path, "cached", sha256,
+                               "remove the cache entry to compile it again")
+            except LibraryRefused:
+                if not jit.jit_allowed():
+                    raise
+                jit.discard(path)  # corrupt or tampered with: compile it again below
         reason = jit.unavailable_reason(program)
         if reason is not None:
             compiler = ("the pinned Triton" if program.kind == "triton"
@@ -444,8 +483,12 @@ class ProgramSet:
                 f"cake-train wheel built for {arch} (CAKE_CUDA_ARCHS={arch} pip install ...), "
                 f"or allow the one-time compile (unset CAKE_JIT; it needs {compiler} and a host "
                 "C++ compiler)")
-        path, compiled = jit.compile_program(self.tree, self.manifest, program, arch)
-        return Library(program, path, "compiled" if compiled else "cached")
+        try:
+            path, sha256, compiled = jit.compile_program(self.tree, self.manifest, program, arch)
+        except trust.Untrusted as exc:
+            raise ProgramUnavailable(str(exc)) from None
+        return Library(program, path, "compiled" if compiled else "cached", sha256,
+                       "compile it again (remove the cache entry)")
 
 
 def unsupported_message(program: mf.Program, target: Device) -> str:

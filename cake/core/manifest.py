@@ -115,6 +115,10 @@ FINDING_CODES = {
     "CM702": "vendored manifest differs from upstream in a field other than package",
     "CM703": "vendored file edited, removed or added since tools/vendor.py wrote the copy",
     "CM704": "vendored package has no valid VENDORED.json (the record tools/vendor.py writes)",
+    "CM801": "installed library missing from the build record (lib/libraries.json), or listed "
+             "there and missing",
+    "CM802": "installed library's bytes differ from the sha256 in the build record",
+    "CM803": "the build record (lib/libraries.json) cannot be read as one",
 }
 
 

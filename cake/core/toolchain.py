@@ -181,6 +181,12 @@ def tool_version(tool: str) -> str:
     return match.group(1)
 
 
+def record_step(python: str, lib_dir: str, libraries: Sequence[str]) -> list[str]:
+    """The command that writes a package's build record (trust.py: ``lib/libraries.json``) once
+    its libraries are built: the loader checks each library's bytes against it."""
+    return [python, str(Path(__file__).with_name("trust.py")), "record", lib_dir, *libraries]
+
+
 def nvcc_supported_arches(nvcc: str, candidates: Sequence[str] = DEFAULT_BUILD_ARCHES) -> list[str]:
     """Which of ``candidates`` ``nvcc`` can compile (``nvcc --list-gpu-code``).
 
