@@ -29,7 +29,7 @@ class UsageError(Exception):
 def check_tree(tree: PackageTree) -> tuple[list[Finding], int]:
     """All findings for one package tree, and the number of programs it lists."""
     manifests = []
-    findings: list[Finding] = []
+    findings: list[Finding] = list(_linked_folders(tree))
     for path in tree.manifest_paths():
         try:
             manifests.append((str(path), mf.parse(_read(path), str(path))))
@@ -43,6 +43,16 @@ def check_tree(tree: PackageTree) -> tuple[list[Finding], int]:
         findings.extend(checked.orphans())
     findings.extend(check_libraries(tree))
     return findings, sum(len(m.programs) for _, m in manifests)
+
+
+def _linked_folders(tree: PackageTree) -> Iterator[Finding]:
+    """CM310: the manifest, the csrc folder or the include folder reached through a link (a copy
+    outside the tree would pass every byte check)."""
+    for what, path in (("manifest", tree.manifest_path), ("csrc folder", tree.csrc_dir),
+                       ("include folder", tree.include_dir)):
+        if path.is_symlink():
+            yield Finding(str(tree.manifest_path), "$", "CM310",
+                          f"the {what} {path} is a symbolic link (to {os.readlink(path)})")
 
 
 def check_libraries(tree: PackageTree) -> Iterator[Finding]:
@@ -140,7 +150,9 @@ class _TreeCheck:
         for j, source in enumerate(program.sources):
             data, source_problems = self.source(path, f"{field}.sources[{j}]", program, source)
             problems.extend(source_problems)
-            if data is not None:
+            # A source whose bytes are not the recorded ones is not scanned: its finding says
+            # enough, and no text of any shape can make the checker slow.
+            if data is not None and not any(p.code == "CM304" for p in source_problems):
                 texts[source.role] = data
         if len(texts) == len(program.sources):
             problems.extend(_symbol_problems(path, field, program, texts))
@@ -178,8 +190,15 @@ class _TreeCheck:
         if not csrc.is_dir():
             return
         for directory, dirnames, filenames in os.walk(csrc, onerror=_raise):
-            # Bytecode an import of a Triton source may leave is not a source.
-            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            # Bytecode an import of a Triton source may leave is not a source; a linked folder
+            # is never walked, so it is a finding of its own.
+            for name in sorted(dirnames):
+                if os.path.islink(os.path.join(directory, name)):
+                    relative = os.path.relpath(os.path.join(directory, name), csrc)
+                    yield Finding(str(self.tree.manifest_path), "programs", "CM310",
+                                  f"{csrc.name}/{relative} is a symbolic link to a folder")
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__"
+                                 and not os.path.islink(os.path.join(directory, d)))
             for name in sorted(filenames):
                 file = os.path.normpath(os.path.join(directory, name))
                 if file not in self.listed:

@@ -91,6 +91,11 @@ FINDING_CODES = {
     "CM101": "manifest is not valid JSON or not UTF-8",
     "CM102": "manifest does not follow the schema (missing field, wrong type, bad value)",
     "CM103": "manifest has a field the schema does not know",
+    "CM104": "manifest JSON has a key twice in one object",
+    "CM105": "manifest JSON has NaN or Infinity",
+    "CM106": "manifest JSON is nested deeper than 64 levels",
+    "CM107": "manifest JSON has an integer of more than 100 digits",
+    "CM108": "manifest JSON has a string that is not Unicode text (a lone surrogate)",
     "CM201": "package is not the package the manifest belongs to",
     "CM202": "library_prefix does not match the package name",
     "CM203": "library is not <library_prefix>_<digest>[_kcp]",
@@ -104,6 +109,8 @@ FINDING_CODES = {
     "CM305": "source file name does not carry the library name",
     "CM306": "kernel or entry symbol does not carry the library name or is not in its source",
     "CM307": "file in the csrc folder that no manifest lists",
+    "CM310": "the manifest, the csrc folder, the include folder or a folder inside csrc is a "
+             "symbolic link",
     "CM308": "binding does not export exactly the declared entries (plus digest and abi_version)",
     "CM309": "binding's rendered argument declaration differs from the manifest's entry",
     "CM401": "recomputed digest differs from the recorded digest",
@@ -347,11 +354,92 @@ def _check_scalar(kind: str, value: Any) -> str | None:
     return None if ok(value) else f"{message}, got {value!r}"
 
 
+# What a manifest's JSON may not be (CM104..CM108): such text is refused before its structure
+# is looked at, with one finding, whatever its size or depth.
+MAX_DEPTH = 64
+MAX_INTEGER_DIGITS = 100
+
+
+class _Unusable(ValueError):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _unique_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Unusable("CM104", f"key {key!r} appears twice in one object")
+        seen[key] = value
+    return seen
+
+
+def _no_constant(name):
+    raise _Unusable("CM105", f"{name} is not a JSON number")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise _Unusable("CM105", f"{text} is not a finite number")
+    return value
+
+
+def _integer(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise _Unusable("CM107", f"an integer of {len(text)} digits (at most "
+                                 f"{MAX_INTEGER_DIGITS})")
+    return int(text)
+
+
+def _depth_problem(text: str) -> str | None:
+    """Nesting deeper than MAX_DEPTH, found by one pass over the text (brackets outside
+    strings), before the parser recurses."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+def _surrogate(value) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_surrogate(k) or _surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_surrogate(v) for v in value)
+    return False
+
+
 def parse(data: bytes, path: str) -> Manifest:
     """Parses manifest bytes; raises :class:`ManifestError` with CM1xx/CM501 findings."""
     try:
-        document = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = data.decode("utf-8")
+        depth = _depth_problem(text)
+        if depth:
+            raise _Unusable("CM106", depth)
+        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                              parse_int=_integer, parse_float=_float)
+        if _surrogate(document):
+            raise _Unusable("CM108", "a string holds a lone surrogate (not Unicode text)")
+    except _Unusable as exc:
+        raise ManifestError([Finding(path, "$", exc.code, str(exc))]) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise ManifestError([Finding(path, "$", "CM101", f"cannot parse: {exc}")]) from None
     parser = _Parser(path)
     manifest = parser.record(Manifest, document, "")
@@ -487,43 +575,132 @@ def program_digest(library: str, sources: list[tuple[str, bytes]],
     return h.hexdigest()[:DIGEST_LENGTH]
 
 
-_KERNEL_RE = re.compile(
-    r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s+)?(?:void\s+)?(\w+)\s*\(")
-# A kernel defined through a family header's macro: CAKE_<...>KERNEL(<symbol>, ...).
-_KERNEL_MACRO_RE = re.compile(r"^\s*CAKE_\w*KERNEL\s*\(\s*(\w+)", re.MULTILINE)
-# A Triton program's kernel: a @triton.jit function.
-_TRITON_KERNEL_RE = re.compile(r"^@triton\.jit\s*\ndef\s+(\w+)\s*\(", re.MULTILINE)
-# Not on preprocessor lines: a header may define CAKE_EXPORT itself.
-_ENTRY_RE = re.compile(r"^[^#\n]*?\bCAKE_EXPORT\b[^(;{]*?\b(\w+)\s*\(", re.MULTILINE)
 _ENTRIES_BLOCK_RE = re.compile(r"// cake:entries\n(.*?)// cake:end-entries\n", re.DOTALL)
 _ENTRY_DEFINE_RE = re.compile(r"#define CAKE_ENTRY_(\w+)\(X\)((?: X\(\w+, \w+\))*)")
 _ENTRY_ARG_RE = re.compile(r" X\((\w+), (\w+)\)")
+# One token of a source line: an identifier, a string literal, or any other character. Each
+# alternative consumes what it matches for good, so tokenising a line is linear in its length.
+_TOKEN_RE = re.compile(r'[A-Za-z_]\w*|"(?:[^"\\\n]|\\.)*"|\S')
+_INCLUDE_LINE_RE = re.compile(r'[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"')
+
+
+@dataclasses.dataclass
+class Scan:
+    """What a source defines and uses, found in one pass (:func:`scan`)."""
+
+    kernels: list = dataclasses.field(default_factory=list)
+    """Kernel symbols: ``__global__`` functions, kernels defined through a family header's
+    ``CAKE_<...>KERNEL(<symbol>, ...)`` macro, or a Triton source's ``@triton.jit`` functions."""
+    entries: list = dataclasses.field(default_factory=list)
+    """Functions marked ``CAKE_EXPORT`` (not on preprocessor lines: a header may define it)."""
+    includes: list = dataclasses.field(default_factory=list)
+    """Include-folder files it uses: quoted ``#include``s, ``cake_include("...")`` calls."""
+    operations: int = 0
+    """Lines and tokens examined: the scan's work, linear in the text's length."""
+
+
+def scan(text: str, kind: str = "cuda") -> Scan:
+    """Kernels, entries and includes of a source in one linear pass over its lines and tokens
+    (no backtracking regex over the whole text: a source of any shape cannot make it slow).
+    Comments (``//`` in C++, ``#`` in Triton sources) are skipped."""
+    found = Scan()
+    comment = "#" if kind == "triton" else "//"
+    state = _ScanState()
+    after_decorator = False
+    for line in text.split("\n"):
+        found.operations += 1
+        stripped = line.lstrip()
+        if kind != "triton" and stripped.startswith("#"):
+            include = _INCLUDE_LINE_RE.match(line)
+            if include:
+                found.includes.append(include.group(1))
+            continue  # a preprocessor line: no definition of ours
+        if kind == "triton":
+            if after_decorator and stripped.startswith("def "):
+                name = stripped[4:].split("(", 1)[0].strip()
+                if name.isidentifier():
+                    found.kernels.append(name)
+            after_decorator = stripped.startswith("@triton.jit")
+        tokens = []
+        for match in _TOKEN_RE.finditer(line):
+            found.operations += 1
+            token = match.group()
+            if token == "/" and comment == "//" and line.startswith("//", match.start()):
+                break
+            if token == "#" and comment == "#":
+                break
+            tokens.append(token)
+        state.feed(tokens, found)
+    found.kernels = list(dict.fromkeys(found.kernels))
+    found.entries = list(dict.fromkeys(found.entries))
+    return found
+
+
+class _ScanState:
+    """The token state machine of :func:`scan`, carried across lines."""
+
+    def __init__(self):
+        self.mode = None      # "export" or "global": waiting for the defined name's "("
+        self.include = False  # after cake_include: waiting for its "file"
+        self.last = None      # the last identifier of the definition so far
+        self.bounds = 0       # parentheses open in a __launch_bounds__(...), -1 before them
+
+    def feed(self, tokens: list, found: Scan) -> None:
+        for index, token in enumerate(tokens):
+            if self.include:  # cake_include ( "x" )
+                if token.startswith('"'):
+                    found.includes.append(token[1:-1])
+                    self.include = False
+                elif token != "(":
+                    self.include = False
+            elif self.mode is not None:
+                self._definition(token, found)
+            elif token == "CAKE_EXPORT":
+                self.mode, self.last = "export", None
+            elif token == "__global__":
+                self.mode, self.last = "global", None
+            elif token == "cake_include":
+                self.include = True
+            elif (index == 0 and token.startswith("CAKE_") and token.endswith("KERNEL")
+                  and len(tokens) > 2 and tokens[1] == "(" and _is_name(tokens[2])):
+                found.kernels.append(tokens[2])
+
+    def _definition(self, token: str, found: Scan) -> None:
+        if self.bounds:
+            if token == "(":
+                self.bounds = 1 if self.bounds < 0 else self.bounds + 1
+            elif token == ")" and self.bounds > 0:
+                self.bounds -= 1
+        elif token == "__launch_bounds__":
+            self.bounds = -1
+        elif token == "(":
+            if self.last is not None:
+                (found.entries if self.mode == "export" else found.kernels).append(self.last)
+            self.mode = None
+        elif token in (";", "{", "}", "="):
+            self.mode = None
+        elif _is_name(token):
+            self.last = token
+
+
+def _is_name(token: str) -> bool:
+    return token[0].isalpha() or token[0] == "_"
 
 
 def kernel_symbols(text: str, kind: str = "cuda") -> list[str]:
-    """Names of the kernels a kernel source defines, in order: its ``__global__`` functions and
-    the kernels it defines through a family header's ``CAKE_*KERNEL(<symbol>, ...)`` macro, or a
-    Triton source's ``@triton.jit`` functions."""
-    if kind == "triton":
-        return list(dict.fromkeys(_TRITON_KERNEL_RE.findall(text)))
-    found = [(m.start(), m.group(1)) for m in _KERNEL_RE.finditer(text)]
-    found += [(m.start(), m.group(1)) for m in _KERNEL_MACRO_RE.finditer(text)]
-    return list(dict.fromkeys(name for _, name in sorted(found)))
-
-
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"|\bcake_include\(\s*"([^"]+)"\s*\)',
-                         re.MULTILINE)
+    """Names of the kernels a kernel source defines, in order (:func:`scan`)."""
+    return scan(text, kind).kernels
 
 
 def included_headers(text: str) -> list[str]:
-    """The include folder's files a source uses, in order: quoted ``#include``s of C++ and
-    ``cake_include("...")`` calls of Triton sources (cake/core/triton_aot.py)."""
-    return [a or b for a, b in _INCLUDE_RE.findall(text)]
+    """The include folder's files a source uses, in order (:func:`scan`): ``#include "..."`` of
+    C++ and ``cake_include("...")`` of Triton sources (which a C++ scan sees as well)."""
+    return scan(text).includes
 
 
 def entry_symbols(text: str) -> list[str]:
     """Names of the ``CAKE_EXPORT`` functions defined in a binding source, in order."""
-    return list(dict.fromkeys(_ENTRY_RE.findall(text)))
+    return scan(text).entries
 
 
 def entries_block(entries: tuple) -> str:
