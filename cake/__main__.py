@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import __version__
+from . import __version__, families
 from .checker import UsageError, check_tree
 from .core import jit, loader, toolchain, triton_aot, trust
 
@@ -64,10 +64,12 @@ def info() -> int:
         print(f"{d.describe()}: arch {d.arch or 'none (unsupported capability)'}")
     if not devices:
         print("no GPU: program states are shown for each arch a program lists")
+    public = families()
     for directory in family_dirs():
         programs = loader.ProgramSet.for_package(directory)
         manifest = programs.manifest
-        print(f"\n{manifest.package}: {len(manifest.programs)} program(s)")
+        print(f"\n{manifest.package}: {len(manifest.programs)} program(s); public names: "
+              + ", ".join(public.get(f"{__package__}.{directory.name}", [])))
         for program in manifest.programs:
             variant = " ".join(f"{k}={v}" for k, v in sorted(program.variant.items()))
             route = " ".join(f"{k}={v}" for k, v in sorted(program.route.items()))
@@ -199,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "precompile":
             return precompile(args.arch, args.jobs)
         return info() if args.command == "info" else selftest()
+    except BrokenPipeError:  # a reader that stopped early (| head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (UsageError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(f"cake {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator, Sequence
@@ -286,14 +287,43 @@ def _raise(exc: OSError) -> None:
 
 
 def find_trees(paths: Sequence[str], default_root: Path) -> list[PackageTree]:
-    """The package trees that the command-line paths name (files or folders)."""
+    """The package trees that the command-line paths name (files or folders); without paths,
+    the manifests of the git repository ``default_root`` is in (:func:`repository_trees`)."""
     if not paths:
-        paths = [str(default_root)]
+        return repository_trees(default_root)
     trees: dict[Path, PackageTree] = {}
     for argument in paths:
         for tree in _trees_for(Path(argument)):
             trees.setdefault(tree.manifest_path.resolve(), tree)
     return list(trees.values())
+
+
+def repository_trees(directory: Path) -> list[PackageTree]:
+    """The manifests of the git repository holding ``directory``: its ``manifests/`` folder and
+    every ``build.json`` git tracks (vendored packages included); never a walk of every folder
+    below. Outside a git repository: ``directory``'s own ``manifests/`` or ``build.json``."""
+    directory = Path(directory)
+    root = _git_root(directory)
+    if root is None:
+        if (directory / "manifests").is_dir() or (directory / mf.MANIFEST_NAME).is_file():
+            return list(_trees_for(directory))
+        return []
+    trees = [mf.repository_tree(root, name) for name in mf.repository_families(root)]
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", "*build.json"],
+                            capture_output=True, check=False)
+    for relative in sorted(filter(None, listed.stdout.decode("utf-8", "replace").split("\0"))):
+        if Path(relative).name == mf.MANIFEST_NAME:
+            trees.append(mf.package_tree(root / Path(relative).parent))
+    return trees
+
+
+def _git_root(directory: Path) -> Path | None:
+    try:
+        found = subprocess.run(["git", "-C", str(directory), "rev-parse", "--show-toplevel"],
+                               capture_output=True, text=True, check=False)
+    except OSError:  # no git
+        return None
+    return Path(found.stdout.strip()) if found.returncode == 0 and found.stdout.strip() else None
 
 
 def _trees_for(path: Path) -> Iterable[PackageTree]:
@@ -332,10 +362,13 @@ def _tree_for_manifest(path: Path) -> PackageTree:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="check_manifests",
-        description="Verify cake-train manifests, digests and csrc bytes (SPEC section 3).")
+        description="Verify cake-train manifests, program digests, csrc bytes and installed "
+                    "libraries. Exit 0 clean, 1 findings (one line each, with a stable code), 2 "
+                    "usage or I/O error.")
     parser.add_argument("paths", nargs="*",
-                        help="manifests, package folders or a repository root "
-                             "(default: the current directory)")
+                        help="manifests, package folders or a repository root (default: the "
+                             "manifests of the current git repository: manifests/*.json and "
+                             "its tracked build.json files)")
     parser.add_argument("--json", action="store_true", help="print one JSON report")
     parser.add_argument("--vendored-gate", action="store_true",
                         help="check a vendored copy: --package names it, --root is the host "
@@ -358,6 +391,8 @@ def run(args: argparse.Namespace) -> tuple[list[Finding], int, int]:
         if args.package:
             raise UsageError("--package only goes with --vendored-gate")
         trees, extra = find_trees(args.paths, Path(".")), []
+    if not trees and not args.vendored_gate:
+        return [], 0, 0
     findings = list(extra)
     programs = 0
     for tree in trees:
@@ -387,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     findings.sort()
+    if manifests == 0 and not args.json:
+        print("check_manifests: no cake-train manifests in this repository: nothing to check")
+        return 0
     if args.json:
         print(json.dumps({
             "ok": not findings, "manifests": manifests, "programs": programs,

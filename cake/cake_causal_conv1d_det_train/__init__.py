@@ -6,7 +6,11 @@ class :class:`CakeCausalConv1dDetFunction`, the helpers ``cake_causal_conv1d_det
 ``is_cake_causal_conv1d_det_train_supported``. The float64 reference is in ``.reference``.
 """
 
-from ._function import (
+from ..core.requirements import require_torch
+
+require_torch(__name__)
+
+from ._function import (  # noqa: E402
     CakeCausalConv1dDetFunction,
     cake_causal_conv1d_det,
     cake_causal_conv1d_det_train_backward,

@@ -8,7 +8,11 @@ and the query ``is_cake_gated_rmsnorm_det_train_supported``. The float64 referen
 ``.reference``.
 """
 
-from ._function import (
+from ..core.requirements import require_torch
+
+require_torch(__name__)
+
+from ._function import (  # noqa: E402
     CakeGatedRMSNormDet,
     CakeGatedRMSNormDetFunction,
     cake_gated_rmsnorm_det,

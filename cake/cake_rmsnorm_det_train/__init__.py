@@ -6,7 +6,11 @@ Public names (SPEC section 2): the autograd functional :func:`cake_rmsnorm_det`,
 query ``is_cake_rmsnorm_det_train_supported``. The float64 reference is in ``.reference``.
 """
 
-from ._function import (
+from ..core.requirements import require_torch
+
+require_torch(__name__)
+
+from ._function import (  # noqa: E402
     CakeRMSNormDet,
     CakeRMSNormDetFunction,
     cake_rmsnorm_det,

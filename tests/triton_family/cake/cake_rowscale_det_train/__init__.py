@@ -6,7 +6,11 @@ Public names: :func:`cake_rowscale_det`, :class:`CakeRowscaleDetFunction`,
 ``cake_rowscale_det_train_forward`` / ``_backward``, ``is_cake_rowscale_det_train_supported``.
 """
 
-from ._function import (
+from ..core.requirements import require_torch
+
+require_torch(__name__)
+
+from ._function import (  # noqa: E402
     CakeRowscaleDetFunction,
     cake_rowscale_det,
     cake_rowscale_det_train_backward,
