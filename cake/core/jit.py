@@ -1,9 +1,10 @@
 """One-time compiles of shipped program sources into a content-keyed cache.
 
 Cache entries live at ``$CAKE_CACHE_DIR/<arch>/<toolchain>/<digest>/<library>_<arch>.so``
-(default ``~/.cache/cake``, created with mode 0700), where ``<toolchain>`` names the compilers
-and their versions (``nvcc-13.0.88-c++-12.2.0``; ``triton-3.9.0-ptxas-13.0.88-c++-12.2.0``),
-with the library's sha256 beside it (``.so.sha256``). The cache is used only when this user owns
+(default ``~/.cache/cake``, created with mode 0700), where ``<toolchain>`` names the compilers,
+their versions and a hash of the build flags (``nvcc-13.0.88-c++-12.2.0-<hash>``;
+``triton-3.9.0-ptxas-13.0.88-c++-12.2.0-<hash>``), with the library's sha256 beside it
+(``.so.sha256``). The cache is used only when this user owns
 it and nobody else can write to it (:func:`trust.check_private`). A compile holds an exclusive
 ``flock`` on the entry's lock file (opened without following links), which the kernel releases
 if the process dies, builds in a private temporary folder with the build's own commands
@@ -76,9 +77,10 @@ def unavailable_reason(program: mf.Program | None = None) -> str | None:
 
 
 def toolchain_key(program: mf.Program) -> str:
-    """The compilers a cached library was built with, as a folder name."""
+    """The compilers a cached library was built with and a hash of the build's flags, as a
+    folder name: a cake-train that builds otherwise never loads another's library."""
     cxx = tc.find_cxx()
-    host = f"c++-{compiler_version(cxx)}"
+    host = f"c++-{compiler_version(cxx)}-{tc.flags_hash()}"
     if program.kind == "triton":
         ptxas = tc.find_ptxas()
         assembler = f"ptxas-{compiler_version(ptxas)}" if ptxas else "ptxas-triton"

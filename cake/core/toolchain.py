@@ -22,6 +22,7 @@ Standard library only; no ``cake`` imports, as vendoring copies this folder verb
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -51,15 +52,27 @@ def capability(arch: str) -> int:
 
 
 def device_flags(arch: str) -> list[str]:
-    """nvcc's flags for one CUDA kernel source's image (sources, defines and -o not included)."""
-    return ["-fatbin", "-O3", "-std=c++17", gencode(arch), "-Xfatbin=-compress-all"]
+    """nvcc's flags for one CUDA kernel source's image (sources, defines and -o not included):
+    machine code only, in a fatbin compressed for size (the container: the SASS is the same)."""
+    return ["-fatbin", "-O3", "-std=c++17", gencode(arch), "-Xfatbin=-compress-all",
+            "--compress-mode=size"]
 
 
 # The host part is plain C++ without exceptions, RTTI or thread-safe statics (a library uses no
 # libstdc++ symbol); -z defs makes any symbol outside libc a link error, and the output is
-# stripped and carries no build id, so equal inputs give equal bytes.
+# stripped and carries no build id, so equal inputs give equal bytes. Small: no unwind tables
+# (nothing unwinds through it), unused functions dropped, no page padding between code and data.
 HOST_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-exceptions",
-              "-fno-rtti", "-fno-threadsafe-statics", "-Wl,-z,defs", "-Wl,--build-id=none", "-s")
+              "-fno-rtti", "-fno-threadsafe-statics", "-fno-asynchronous-unwind-tables",
+              "-fno-unwind-tables", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections",
+              "-Wl,-z,noseparate-code", "-Wl,-z,defs", "-Wl,--build-id=none", "-s")
+
+
+def flags_hash() -> str:
+    """A short hash of the flags every library is built with (they are not in the digests, which
+    hash what a program is, not how this cake-train builds it): part of the JIT cache key."""
+    text = "\n".join([*device_flags("sm_90a"), *HOST_FLAGS])
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def digest_define(digest: str) -> str:
