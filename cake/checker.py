@@ -1,4 +1,4 @@
-"""``check_manifests``: verifies manifests against the bytes on disk (SPEC section 3).
+"""``check_manifests``: verifies manifests against the bytes on disk (docs/programs.md).
 
 Each check is a small function that yields :class:`~cake.manifest.Finding` objects; the
 command line only finds the trees, runs the checks and reports. Standard library only.

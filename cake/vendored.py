@@ -1,7 +1,7 @@
 """The vendoring rules shared by ``tools/vendor.py`` and ``check_manifests --vendored-gate``.
 
 A vendored family package is a self-contained copy of ``cake.<name>`` inside a host library,
-e.g. ``flashinfer/experimental/cake/<name>/`` (SPEC section 6)::
+e.g. ``flashinfer/experimental/cake/<name>/`` (docs/vendoring.md)::
 
     <name>/__init__.py, _function.py, ...   the family's modules (``from ..core`` -> ``from .core``)
     <name>/core/                            a verbatim copy of ``cake/core/`` (the runtime it needs)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the cake-train wheel, repairs it with auditwheel, installs it into a fresh venv and
-# checks the installed package (SPEC section 4).
+# checks the installed package (docs/build.md).
 #
 #   ci/build_wheel.sh [OUT_DIR]        the repaired wheel goes to OUT_DIR (default: dist/)
 #
@@ -32,9 +32,12 @@ say() { printf 'build_wheel: %s\n' "$*"; }
 # --------------------------------------------------------------------------- build
 say "building the wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
 start=$(date +%s.%N)
+set +e
 "$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v 2>&1 | tee "$work/build.log" \
-  | { grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\]|rror|cake-train:' || true; }
-if [ "${PIPESTATUS[0]}" != 0 ]; then
+  | grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\]|rror|cake-train:'
+built=${PIPESTATUS[0]}
+set -e
+if [ "$built" != 0 ]; then
   say "pip wheel failed; its log's end:"
   tail -n 60 "$work/build.log"
   exit 1

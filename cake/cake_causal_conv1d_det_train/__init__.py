@@ -1,9 +1,9 @@
 """Causal depthwise conv1d (width 4) + SiLU over packed documents, deterministic training.
 
-Public names (SPEC section 2): the autograd functional :func:`cake_causal_conv1d_det`, its
-class :class:`CakeCausalConv1dDetFunction`, the helpers ``cake_causal_conv1d_det_train_forward``
-/ ``_backward`` / ``_backward_workspace_bytes`` and the query
-``is_cake_causal_conv1d_det_train_supported``. The float64 reference is in ``.reference``.
+Public names (docs/architecture.md, Names): the autograd functional
+:func:`cake_causal_conv1d_det`, its class :class:`CakeCausalConv1dDetFunction`, the helpers
+``cake_causal_conv1d_det_train_forward`` / ``_backward`` / ``_backward_workspace_bytes`` and the
+query ``is_cake_causal_conv1d_det_train_supported``. The float64 reference is in ``.reference``.
 """
 
 from ..core.requirements import require_torch

@@ -16,7 +16,7 @@ from ._validate import Problem
 
 def select(manifest: mf.Manifest, problem: Problem, arch: str | None) -> mf.Program:
     """The program serving ``problem`` on ``arch`` (None: any arch). Runs once per problem
-    (``host.Plans`` keeps the result)."""
+    (``plans.Plans`` keeps the result)."""
     return plans.select_program(manifest, variant=problem.variant, arch=arch,
                                bands={"channels": problem.channels},
                                floors={"tokens": problem.tokens})

@@ -1,5 +1,5 @@
 """Host-side validation of the causal conv1d entries: every check runs before any launch and
-raises ``TypeError``/``ValueError`` naming the argument (shared helpers in ``core.host``).
+raises ``TypeError``/``ValueError`` naming the argument (shared helpers in ``core.checks``).
 
 ``validate_*`` run in full the first time a call signature is seen (``plans.signature``);
 ``recheck_*`` run on every later call with that signature: the checks that read more than the

@@ -1,4 +1,4 @@
-"""The runtime loader (SPEC section 5): the right, verified library for the GPU in front of us.
+"""The runtime loader (docs/loader.md): the right, verified library for the GPU in front of us.
 
 For a program and a device the loader uses, in order, the prebuilt library shipped in the
 package (``<package>/lib/<library>_<arch>.so``), a library in the JIT cache, or a JIT compile

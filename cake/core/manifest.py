@@ -1,6 +1,6 @@
 """The manifest model: read, validate, digest and write ``build.json`` manifests.
 
-This module is the single implementation of SPEC section 3. The checker, the renderer,
+This module is the single implementation of docs/programs.md. The checker, the renderer,
 the CMake build plan and the runtime loader all go through it. Standard library only:
 it runs from a bare checkout, inside a build environment and inside a vendored copy.
 
@@ -45,7 +45,7 @@ DIGEST_LENGTH = 20
 # Every occurrence of a program's library name is replaced by this before hashing, so a
 # program keeps its digest when its family is renamed. Templates use it as the library name.
 LIBRARY_PLACEHOLDER = "cake_library"
-# Compute capability -> arch (SPEC section 5). An "a" build runs only on its exact capability.
+# Compute capability -> arch (docs/loader.md). An "a" build runs only on its exact capability.
 ARCH_BY_CAPABILITY = {
     (9, 0): "sm_90a",
     (10, 0): "sm_100a",
@@ -86,7 +86,8 @@ class Finding:
         return f"{self.path}:{self.field}: {self.code} {self.message}"
 
 
-# Every finding code with its one-line meaning; the README and the tests list the same set.
+# Every finding code with its one-line meaning; docs/programs.md lists the same set (a test
+# checks it: tests/check/test_readme.py).
 FINDING_CODES = {
     "CM101": "manifest is not valid JSON or not UTF-8",
     "CM102": "manifest does not follow the schema (missing field, wrong type, bad value)",
@@ -118,7 +119,8 @@ FINDING_CODES = {
     "CM601": "header file is missing",
     "CM602": "header bytes differ from the recorded sha256",
     "CM603": "program uses a header the manifest does not list",
-    "CM701": "vendored Python file imports something other than its own package, stdlib or torch",
+    "CM701": "vendored Python file imports something other than its own package, the standard "
+             "library, torch or triton",
     "CM702": "vendored manifest differs from upstream in a field other than package",
     "CM703": "vendored file edited, removed or added since tools/vendor.py wrote the copy",
     "CM704": "vendored package has no valid VENDORED.json (the record tools/vendor.py writes)",
@@ -553,7 +555,7 @@ def sha256_hex(data: bytes) -> str:
 
 def program_digest(library: str, sources: list[tuple[str, bytes]],
                    header_sha256s: list[str], flags: list[str]) -> str:
-    """The program digest of SPEC section 3.
+    """The program digest (docs/programs.md, Digest).
 
     sha256 over, in manifest order, each source's role and its bytes with every occurrence
     of ``library`` replaced by :data:`LIBRARY_PLACEHOLDER`, then the sha256 of each header the
@@ -729,7 +731,7 @@ def rendered_entries(text: str) -> tuple | None:
 
 
 def expected_prefix(package: str) -> str:
-    """``cake.cake_x_det_train[_kcp]`` -> ``cake_x_det_train`` (SPEC section 2)."""
+    """``cake.cake_x_det_train[_kcp]`` -> ``cake_x_det_train`` (docs/architecture.md, Names)."""
     last = package.rsplit(".", 1)[-1]
     return last[: -len("_kcp")] if last.endswith("_kcp") else last
 

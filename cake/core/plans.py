@@ -123,10 +123,10 @@ class Memo:
     dictionary read; stores (the slow path) take a lock.
 
     A family's lookup (``get``, then ``put`` of a validated plan, or the per-call rechecks) is
-    written out in its plan (or call) function rather than passed in as closures: closures and their cells
-    were most of the Python objects an eager call made before its launch. Without them RMSNorm's
-    eager forward under no_grad took 15.1-15.4 us of host time instead of 18.5 (development
-    machine, simulated GPU: tools/bench/results/2026-12-02-cpu-rmsnorm-host-path-ab.txt).
+    written out in its plan (or call) function rather than passed in as closures: closures and
+    their cells were most of the Python objects an eager call made before its launch. Without
+    them RMSNorm's eager forward under no_grad took 15.1-15.4 us of host time instead of 18.5
+    (development machine, simulated GPU, 2026-12-02).
     """
 
     __slots__ = ("_found", "_limit", "_lock")
@@ -242,12 +242,24 @@ class Plans:
                 program = self._select(programs.manifest, problem, None)
                 library = programs.interpreted(program)
             else:
-                program = self._select(programs.manifest, problem, device_arch(problem.device))
+                program = self._route(programs, problem)
                 library = programs.library(program, problem.device.index)
             plan = self._found.put(problem, Plan(
                 problem, library, self._bindings(problem),
                 None if self._sizes is None else self._sizes(problem)))
         return plan
+
+    def _route(self, programs: loader.ProgramSet, problem):
+        """The program for the problem on its device's arch; when the route exists but no
+        program of it is built for that arch, ProgramUnavailable names the device and the
+        remedy (before any launch), not a missing route."""
+        arch = device_arch(problem.device)
+        try:
+            return self._select(programs.manifest, problem, arch)
+        except NoRoute:
+            anywhere = self._select(programs.manifest, problem, None)  # NoRoute: no such route
+            raise loader.ProgramUnavailable(loader.unsupported_message(
+                anywhere, loader.device(problem.device.index))) from None
 
     def clear(self) -> None:
         self._found.clear()

@@ -16,32 +16,38 @@ from tools.render import Family, Spec
 
 _CHANNELS_MAX = 1 << 31
 
-# name: (route, params). VEC = 4: a thread owns 4 channels. Forward: a block streams a span of
-# FORWARD_ROWS * FORWARD_CHUNKS tokens of one tile of CHANNEL_THREADS * 4 channels through a ring
-# of FORWARD_STAGES stages in shared memory (ROW_GROUPS threads across rows). Backward: each of a
-# block's TOKEN_THREADS threads of a channel walks TOKENS_PER_THREAD * ITERATIONS consecutive
-# tokens (one fp32 workspace partial per block tile, tap or bias, and channel); <= 128 registers.
-# *_MIN_BLOCKS: resident blocks per SM the registers must allow (no spills on either access
-# path; tests/causal_conv1d/test_causal_conv1d_cpu.py). From H200 sweeps (tools/bench/
-# causal_conv1d.py --tune, tools/bench/results/), 2026-11-29: VEC = 4 ahead of 8 at every shape,
-# the forward streaming geometries, and the backward spans (4 x 128 tokens a block: 80-90% of
-# copy bandwidth at C = 512-8192 against 77-84% for 8 x 64).
+# name: (route, params). Knob meanings: csrc/include/cake/causal_conv1d/config.h. Values from
+# H200 sweeps of 2026-11-29 (tools/bench/causal_conv1d.py --tune; docs/families/causal_conv1d.md);
+# "no spills" is checked by tests/causal_conv1d/test_causal_conv1d_cpu.py.
 TILES = {
-    # Any C, short packs (and every pack with C < 256): 64 channels; forward spans of 256
-    # tokens (128-thread blocks) so that a 32k-token pack still fills the GPU.
+    # Any C, and every pack with C < 256 or S < 65536: a 32k-token pack must still fill the GPU.
     "short": ({"channels_min": 1, "channels_max": _CHANNELS_MAX, "tokens_min": 0},
-              {"CAKE_VEC": 4, "CAKE_CHANNEL_THREADS": 16, "CAKE_ROW_GROUPS": 8,
-               "CAKE_FORWARD_ROWS": 32, "CAKE_FORWARD_STAGES": 4, "CAKE_FORWARD_CHUNKS": 8,
-               "CAKE_FORWARD_MIN_BLOCKS": 5,
-               "CAKE_TOKEN_THREADS": 16, "CAKE_TOKENS_PER_THREAD": 8, "CAKE_ITERATIONS": 1,
-               "CAKE_BACKWARD_MIN_BLOCKS": 2, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 2}),
-    # C >= 256, long packs: 128 channels; forward spans of 512 tokens (128-thread blocks);
-    # the backward walks 4 x 128 tokens per block (128-thread blocks, 512-token tiles).
+              {"CAKE_VEC": 4,                # 4 channels a thread: ahead of 8 at every shape
+               "CAKE_CHANNEL_THREADS": 16,   # 64-channel tiles: enough blocks for short packs
+               "CAKE_ROW_GROUPS": 8,         # 128-thread forward blocks
+               "CAKE_FORWARD_ROWS": 32,      # x 8 chunks: 256-token forward spans
+               "CAKE_FORWARD_STAGES": 4,     # ring slots: the forward sweep's best geometry
+               "CAKE_FORWARD_CHUNKS": 8,     # (spans above)
+               "CAKE_FORWARD_MIN_BLOCKS": 5,  # blocks an SM the registers allow, no spills
+               "CAKE_TOKEN_THREADS": 16,     # 256-thread backward blocks
+               "CAKE_TOKENS_PER_THREAD": 8,  # x 1 iteration: 128-token backward tiles
+               "CAKE_ITERATIONS": 1,         # (tiles above): many blocks for short packs
+               "CAKE_BACKWARD_MIN_BLOCKS": 2,  # blocks an SM, no spills on the vector path
+               "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 2}),  # ... and on the element path
+    # C >= 256 and S >= 65536: long spans, fewer fixed costs a token.
     "long": ({"channels_min": 256, "channels_max": _CHANNELS_MAX, "tokens_min": 65536},
-             {"CAKE_VEC": 4, "CAKE_CHANNEL_THREADS": 32, "CAKE_ROW_GROUPS": 4,
-              "CAKE_FORWARD_ROWS": 32, "CAKE_FORWARD_STAGES": 4, "CAKE_FORWARD_CHUNKS": 16,
-              "CAKE_FORWARD_MIN_BLOCKS": 4, "CAKE_TOKEN_THREADS": 4, "CAKE_TOKENS_PER_THREAD": 8,
-              "CAKE_ITERATIONS": 16, "CAKE_BACKWARD_MIN_BLOCKS": 4, "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}),
+             {"CAKE_VEC": 4,                 # as "short"
+              "CAKE_CHANNEL_THREADS": 32,    # 128-channel tiles
+              "CAKE_ROW_GROUPS": 4,          # 128-thread forward blocks
+              "CAKE_FORWARD_ROWS": 32,       # x 16 chunks: 512-token forward spans
+              "CAKE_FORWARD_STAGES": 4,      # as "short"
+              "CAKE_FORWARD_CHUNKS": 16,     # (spans above)
+              "CAKE_FORWARD_MIN_BLOCKS": 4,  # blocks an SM the registers allow, no spills
+              "CAKE_TOKEN_THREADS": 4,       # 128-thread backward blocks
+              "CAKE_TOKENS_PER_THREAD": 8,   # x 16 iterations: 512-token backward tiles; 80-90%
+              "CAKE_ITERATIONS": 16,         # of copy at C = 512-8192 against 77-84% for 8 x 64
+              "CAKE_BACKWARD_MIN_BLOCKS": 4,  # blocks an SM, no spills on the vector path
+              "CAKE_BACKWARD_SCALAR_MIN_BLOCKS": 1}),  # ... and on the element path
 }
 
 DTYPES = {"bfloat16": 1, "float16": 0}
