@@ -230,7 +230,9 @@ def _path_problem(base: Path, relative: str) -> tuple[str, str] | None:
 def _symbol_problems(path: str, field: str, program: Program,
                      texts: dict) -> Iterator[Finding]:
     library = program.library
-    binding = texts.get("binding", b"").decode("utf-8", "replace")
+    if "binding" not in texts:
+        return  # CM206 says the binding is missing; its exports cannot be checked
+    binding = texts["binding"].decode("utf-8", "replace")
     exported = mf.entry_symbols(binding)
     declared = [f"{library}_{name}" for name in mf.IDENTITY_EXPORTS]
     declared += [f"{library}_{entry.name}" for entry in program.entries]

@@ -209,22 +209,19 @@ class Differentiable:
     def _op_backward(self, saved, grads, *constants):
         named = {self.names[i]: value for i, value in zip(self._constants, constants)}
         found = self._backward(None, named, tuple(saved), tuple(grads))
-        return [_empty_for_none(found.get(name), ()) for name, _ in self._grads]
+        return [_empty_for_none(found.get(name), saved) for name, _ in self._grads]
 
     def _op_backward_fake(self, saved, grads, *constants):
         return [torch.empty_like(saved[like]) if saved[like] is not None
-                else _EMPTY.new_empty(0) for _, like in self._grads]
+                else _empty_for_none(None, saved) for _, like in self._grads]
 
 
-_EMPTY = torch.empty(0)
-
-
-def _empty_for_none(value, args):
-    """A custom op returns no None: an absent tensor travels as an empty one."""
+def _empty_for_none(value, tensors):
+    """A custom op returns no None: an absent tensor travels as an empty one, made from one of
+    the call's tensors (so on its device, and a fake one while the compiler traces)."""
     if value is not None:
         return value
-    reference = next((a for a in args if isinstance(a, torch.Tensor)), _EMPTY)
-    return reference.new_empty(0)
+    return next(t for t in tensors if isinstance(t, torch.Tensor)).new_empty(0)
 
 
 def _parse_arguments(arguments: str) -> tuple[tuple, tuple]:

@@ -29,7 +29,7 @@ def describe(tensor: torch.Tensor) -> str:
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
-    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+    return " or ".join(dict.fromkeys(str(d).replace("torch.", "") for d in dtypes))
 
 
 def check_tensor(name: str, value: object, *, dtypes: Sequence[torch.dtype],
