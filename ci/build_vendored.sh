@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the programs of a vendored tree in place (SPEC section 6): every package folder under
+# Builds the programs of a vendored tree in place (docs/vendoring.md): every package folder under
 # DIR that holds a build.json (written by tools/vendor.py) gets <package>/lib/<library>_<arch>.so,
 # the folder its own loader looks in first, exactly as an installed cake-train package does.
 #
@@ -9,7 +9,8 @@
 #            vendored package folder)
 #   ARCHES   auto (default: $CAKE_CUDA_ARCHS, else every arch nvcc supports among sm_90a,
 #            sm_100a, sm_103a), or a list such as "sm_90a" or "sm_90a;sm_100a"
-#   TARGET   only these libraries, as CMake targets <library>_<arch> (default: all)
+#   TARGET   only these libraries, as CMake targets <library>_<arch> (default: all); each
+#            package's build record (lib/libraries.json) then lists the libraries its lib/ holds
 #
 # Environment: PYTHON (default python3, 3.10 or newer; runs the gate and the build plan),
 # CAKE_BUILD_DIR (default build/vendored/<hash of DIR> in this checkout; keep it to rebuild
@@ -64,6 +65,17 @@ cmake -S "$repo" -B "$build" -G Ninja -DPython_EXECUTABLE="$(command -v "$python
   -DCAKE_CUDA_ARCHS="$archs" -DCAKE_PACKAGE_ROOT="$(IFS=';'; echo "${package_root[*]}")"
 if [[ ${#targets[@]} -gt 0 ]]; then
   cmake --build "$build" --target "${targets[@]}"
+  # A package's record target (<package>_record) depends on every library of the package, so a
+  # build of some targets writes no build record, and the loader refuses libraries that no
+  # record lists: record the libraries each package's lib/ holds now (what this build dir made).
+  for folder in "${package_root[@]}"; do
+    shopt -s nullglob
+    built=("$folder"/lib/*.so)
+    shopt -u nullglob
+    if [[ ${#built[@]} -gt 0 ]]; then
+      "$python" "$repo/cake/core/trust.py" record "$folder/lib" "${built[@]}"
+    fi
+  done
 else
   cmake --build "$build"
 fi

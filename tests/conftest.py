@@ -1,6 +1,7 @@
 """Shared pytest configuration: the `gpu` marker and its clean skip on machines without one."""
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +25,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def toy_jit_cache(tmp_path_factory) -> Path:
+    """A JIT cache folder (for CAKE_CACHE_DIR) shared by the session's tests that compile the toy
+    programs of tests/toy_programs.py: entries are keyed by digest, arch and toolchain, so each
+    toy program compiles once per session whichever test asks first."""
+    return tmp_path_factory.mktemp("toy-jit-cache")

@@ -11,8 +11,9 @@
  * where params is the hex of the first parameter's first 256 bytes (a program's Params struct).
  * fake_fail(call, error, after) makes a call fail with `error` once `after` more calls of it
  * succeeded; fake_set_kernels(names) restricts cuLibraryGetKernel to those symbols (newline
- * separated; the others are CUDA_ERROR_NOT_FOUND, as a real image without them). No CUDA runtime
- * function is defined here: a library that needed one would not load. */
+ * separated; the others are CUDA_ERROR_NOT_FOUND, as a real image without them);
+ * fake_set_current_device(d) makes cuCtxGetDevice answer d (the device of the current context).
+ * No CUDA runtime function is defined here: a library that needed one would not load. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -38,6 +39,7 @@ static char fail_call[128] = "";
 static int fail_error = 0;
 static int fail_after = 0;
 static int device_major = 9, device_minor = 0, device_sms = 132, device_count = 1;
+static int current_device = 0; /* what cuCtxGetDevice answers (fake_set_current_device) */
 
 static void record(const char* format, ...) {
   char buffer[1024];
@@ -67,6 +69,7 @@ EXPORT void fake_reset(void) {
   fail_call[0] = '\0';
   fail_error = 0;
   fail_after = 0;
+  current_device = 0;
   pthread_mutex_unlock(&lock);
 }
 
@@ -99,6 +102,14 @@ EXPORT void fake_set_device(int major, int minor, int sms, int count) {
   device_minor = minor;
   device_sms = sms;
   device_count = count;
+}
+
+/* The device of the calling thread's current context, as cuCtxGetDevice reports it (0 until
+ * set; fake_reset sets it back to 0). */
+EXPORT void fake_set_current_device(int device) {
+  pthread_mutex_lock(&lock);
+  current_device = device;
+  pthread_mutex_unlock(&lock);
 }
 
 /* ----------------------------------------------------------------------------- the driver */
@@ -155,9 +166,10 @@ EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
 EXPORT CUresult cuCtxGetDevice(int* device) {
   pthread_mutex_lock(&lock);
   CUresult error = failing("cuCtxGetDevice");
+  int current = current_device;
   pthread_mutex_unlock(&lock);
   if (error) return error;
-  *device = 0;
+  *device = current;
   return 0;
 }
 

@@ -81,9 +81,12 @@ class FakeDriver:
         lib.fake_line.argtypes = (ctypes.c_int,)
         lib.fake_fail.argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
         lib.fake_set_kernels.argtypes = (ctypes.c_char_p,)
+        lib.fake_set_device.argtypes = (ctypes.c_int,) * 4
+        lib.fake_set_current_device.argtypes = (ctypes.c_int,)
 
     def reset(self) -> None:
-        """Forgets the record and any failure (handles and loaded images stay valid)."""
+        """Forgets the record, any failure and the current device (handles and loaded images
+        stay valid)."""
         self.lib.fake_reset()
         self.lib.fake_set_kernels(None)
 
@@ -107,6 +110,14 @@ class FakeDriver:
     def fail(self, call: str, error: int, after: int = 0) -> None:
         """``call`` returns ``error`` once ``after`` more calls of it have succeeded."""
         self.lib.fake_fail(call.encode(), error, after)
+
+    def set_device(self, capability=(9, 0), sms: int = 132, count: int = 1) -> None:
+        """What every device reports: its compute capability and SM count, and the count."""
+        self.lib.fake_set_device(capability[0], capability[1], sms, count)
+
+    def set_current_device(self, device: int) -> None:
+        """The device cuCtxGetDevice reports (the current context's), until the next reset."""
+        self.lib.fake_set_current_device(device)
 
     def set_kernels(self, names) -> None:
         """Only these kernel symbols exist in the images (None: any)."""

@@ -103,8 +103,10 @@ def rewrite_core_imports(text: str, path: str, depth: int) -> str:
                 raise _other_cake_import(path, node.lineno, f"from {module}", core_dots)
             if node.level < up:
                 continue  # inside the family package
+            # A shared module by name (from .._shared.<module> import ..., or
+            # from .._shared import <module>, ...), never the folder's * .
             if node.level == up and module.split(".")[0] in _RUNTIME and (
-                    module != SHARED):  # a shared module by name, not the folder
+                    module != SHARED or all(alias.name != "*" for alias in node.names)):
                 edits.append(node)
             else:
                 raise _other_cake_import(path, node.lineno,
@@ -168,11 +170,16 @@ def _check_core_imports(text: str, path: str, depth: int, allowed: str | None = 
 
 
 def _shared_modules(text: str, path: str) -> list[str]:
-    """The ``cake/_shared`` modules one family module imports (``from .._shared.<name>``)."""
+    """The ``cake/_shared`` modules one family module imports (``from .._shared.<name> import
+    ...`` or ``from .._shared import <name>, ...``)."""
     found = []
     for node in ast.walk(ast.parse(text, path)):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(SHARED + "."):
-            found.append(node.module.split(".")[1])
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            module = node.module or ""
+            if module.startswith(SHARED + "."):
+                found.append(module.split(".")[1])
+            elif module == SHARED:
+                found.extend(alias.name for alias in node.names)
     return found
 
 

@@ -9,6 +9,7 @@ repository, without touching the repository's families.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,9 +20,30 @@ from cake.core import jit
 from cake.core import manifest as mf
 
 BUILD_FILES = ("CMakeLists.txt", "tools/build_plan.py", "cake/__init__.py", "cake/checker.py")
-# What a program library may need at run time: glibc, the C++ runtime and the loader.
-ALLOWED_NEEDED = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2",
-                  "libpthread.so.0", "librt.so.1", "ld-linux-x86-64.so.2"}
+# What a program library may need at run time (SPEC section 4): libc, plus the C++ runtime only
+# where a binding needs it. Never a CUDA library: the driver is opened at first use (dlopen) and
+# there is no CUDA runtime. The toy programs need libc alone.
+ALLOWED_NEEDED = {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1"}
+TOY_NEEDED = ["libc.so.6"]
+
+
+def dynamic_section(library: Path) -> tuple[list[str], str]:
+    """(NEEDED entries, the whole ``readelf -d`` text) of a shared library."""
+    out = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True,
+                         check=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out), out
+
+
+def undefined_symbols(library: Path) -> list[str]:
+    """The undefined dynamic symbols of a shared library, without versions."""
+    out = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True,
+                         text=True, check=True).stdout
+    return [line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()]
+
+
+def cuda_symbols(names: list[str]) -> list[str]:
+    """The CUDA runtime (cuda*, __cuda*) and driver (cu*) functions among symbol names."""
+    return [n for n in names if "cuda" in n.lower() or n.startswith("cu")]
 
 
 def make_build_repo(root: Path) -> mf.PackageTree:
@@ -89,5 +111,6 @@ def toy_libraries(tree: mf.PackageTree, arch: str) -> dict[str, mf.Program]:
     return {f"{p.library}_{arch}.so": p for p in manifest.programs if arch in p.arches}
 
 
-__all__ = ["ALLOWED_NEEDED", "REPO", "TOY_FAMILY", "build", "cmake", "configure",
-           "env_without_nvcc", "install", "make_build_repo", "nvcc", "toy_libraries"]
+__all__ = ["ALLOWED_NEEDED", "REPO", "TOY_FAMILY", "TOY_NEEDED", "build", "cmake", "configure",
+           "cuda_symbols", "dynamic_section", "env_without_nvcc", "install", "make_build_repo",
+           "nvcc", "toy_libraries", "undefined_symbols"]

@@ -56,12 +56,31 @@ def test_without_nvcc_the_configure_stops_and_states_the_fix(toy, tmp_path, arch
 
 
 def test_checker_findings_fail_the_configure(toy, tmp_path):
-    source = toy.source_path(mf.read(toy.manifest_path).programs[0].sources[1])
-    source.write_bytes(source.read_bytes().replace(b"int32_t count", b"int32_t n_args"))
+    program = mf.read(toy.manifest_path).programs[0]
+    index = [s.role for s in program.sources].index("binding")
+    source = toy.source_path(program.sources[index])
+    data = source.read_bytes()
+    assert b"n must be >= 0" in data
+    source.write_bytes(data.replace(b"n must be >= 0", b"n must not be negative"))
     result = configure(tmp_path / "repo", tmp_path / "build", "none", env=env_without_nvcc(),
                        check=False)
     assert result.returncode != 0
-    assert "programs[0].sources[1].sha256: CM304" in result.stderr
+    assert f"programs[0].sources[{index}].sha256: CM304" in result.stderr
+
+
+def test_without_a_host_compiler_the_configure_stops_and_states_the_fix(toy, tmp_path):
+    """An arch to build needs the host C++ compiler too (the program libraries are plain C++);
+    here nvcc is a stand-in that only lists its arches."""
+    cuda = tmp_path / "cuda" / "bin"
+    cuda.mkdir(parents=True)
+    (cuda / "nvcc").write_text("#!/bin/sh\necho sm_90 sm_100 sm_103\n")
+    (cuda / "nvcc").chmod(0o755)
+    env = dict(env_without_nvcc(), CUDA_HOME=str(cuda.parent), CXX=str(tmp_path / "no-c++"))
+    result = configure(tmp_path / "repo", tmp_path / "build", "sm_90a", env=env, check=False)
+    assert result.returncode != 0
+    message = " ".join(result.stderr.split())
+    assert "no host C++ compiler ($CXX, c++ or g++)" in message
+    assert "install g++ or set CXX" in message
 
 
 def test_a_later_edit_of_a_source_re_runs_the_checker(toy, tmp_path):

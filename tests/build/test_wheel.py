@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from build_tree import REPO, nvcc
+from build_tree import (ALLOWED_NEEDED, REPO, cuda_symbols, dynamic_section, nvcc,
+                        undefined_symbols)
 
 from cake.core import manifest as mf
 
@@ -81,3 +82,29 @@ def test_installed_wheel_passes_check_manifests_and_imports_without_torch(built)
                     for n in families())
         assert (f"check_manifests: ok in {len(families())} manifest(s), {count} program(s)"
                 in output)
+
+
+def test_every_library_links_no_cuda_and_exports_its_declared_entries(built, tmp_path):
+    """The libraries as the wheel ships them: NEEDED within libc (plus the C++ runtime where a
+    binding needs it; SPEC section 4), no CUDA runtime or driver symbol, no RPATH, and the
+    exports the manifest declares."""
+    wheel, _ = built
+    programs = {p.library: p for name in families()
+                for p in mf.read(mf.repository_tree(REPO, name).manifest_path).programs}
+    checked = 0
+    with zipfile.ZipFile(wheel) as archive:
+        for member in sorted(n for n in archive.namelist() if n.endswith(".so")):
+            path = tmp_path / Path(member).name
+            path.write_bytes(archive.read(member))
+            needed, dynamic = dynamic_section(path)
+            assert needed and set(needed) <= ALLOWED_NEEDED, (member, needed)
+            assert "RPATH" not in dynamic and "RUNPATH" not in dynamic, member
+            assert not cuda_symbols(undefined_symbols(path)), member
+            program = programs[path.name[: -len(f"_{ARCH}.so")]]
+            out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True,
+                                 text=True, check=True).stdout
+            exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+            assert exported == {f"{program.library}_{e}" for e in
+                                (*mf.IDENTITY_EXPORTS, *(x.name for x in program.entries))}
+            checked += 1
+    assert checked == sum(ARCH in p.arches for p in programs.values())

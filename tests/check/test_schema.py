@@ -113,9 +113,10 @@ def _set(path: str, value):
 DELETE = object()
 
 INVALID = {
-    "schema_version wrong": (_set("schema_version", 2), "CM102"),
+    "schema_version 1": (_set("schema_version", 1), "CM102"),  # the v1 contract is gone
+    "schema_version 3": (_set("schema_version", 3), "CM102"),
     "schema_version true": (_set("schema_version", True), "CM102"),
-    "schema_version string": (_set("schema_version", "1"), "CM102"),
+    "schema_version string": (_set("schema_version", "2"), "CM102"),
     "package missing": (_set("package", DELETE), "CM102"),
     "package not dotted name": (_set("package", "cake..x"), "CM102"),
     "package with newline": (_set("package", "cake.x\n"), "CM102"),
@@ -136,9 +137,25 @@ INVALID = {
     "arch unknown": (_set("programs.0.arches.0", "sm_80"), "CM501"),
     "arch not a string": (_set("programs.0.arches.0", 90), "CM102"),
     "source role unknown": (_set("programs.0.sources.0.role", "host"), "CM102"),
+    "source role kernel_": (_set("programs.0.sources.0.role", "kernel_"), "CM102"),
+    "source role upper case": (_set("programs.0.sources.0.role", "kernel_Backward"), "CM102"),
+    "source role bindings": (_set("programs.0.sources.0.role", "binding_x"), "CM102"),
     "source missing sha256": (_set("programs.0.sources.0.sha256", DELETE), "CM102"),
     "source unknown field": (_set("programs.0.sources.0.mode", "x"), "CM103"),
-    "entry not identifier": (_set("programs.0.entries.0", "a b"), "CM102"),
+    "entry a string (v1)": (_set("programs.0.entries.0", "cake_x_forward"), "CM102"),
+    "entry not identifier": (_set("programs.0.entries.0.name", "a b"), "CM102"),
+    "entry missing args": (_set("programs.0.entries.0.args", DELETE), "CM102"),
+    "entry args not a list": (_set("programs.0.entries.0.args", {}), "CM102"),
+    "entry unknown field": (_set("programs.0.entries.0.returns", "int"), "CM103"),
+    "argument kind unknown": (_set("programs.0.entries.0.args.1.kind", "u8"), "CM102"),
+    "argument kind tensor": (_set("programs.0.entries.0.args.0.kind", "tensor"), "CM102"),
+    "argument name not identifier": (_set("programs.0.entries.0.args.0.name", "0x"), "CM102"),
+    "argument missing kind": (_set("programs.0.entries.0.args.0.kind", DELETE), "CM102"),
+    "argument unknown field": (_set("programs.0.entries.0.args.0.const", True), "CM103"),
+    "argument a string": (_set("programs.0.entries.0.args.0", "x"), "CM102"),
+    "kind unknown": (_set("programs.0.kind", "hip"), "CM102"),
+    "kind missing": (_set("programs.0.kind", DELETE), "CM102"),
+    "kind not a string": (_set("programs.0.kind", 1), "CM102"),
     "flags not strings": (_set("programs.0.flags", [1]), "CM102"),
     "program headers not a list": (_set("programs.0.headers", "toy/common.h"), "CM102"),
     "program missing kernels": (_set("programs.0.kernels", DELETE), "CM102"),
@@ -149,6 +166,62 @@ INVALID = {
 def test_valid_manifest_passes_both(document):
     assert validate(mf.json_schema(), document) == []
     mf.parse(json.dumps(document).encode(), "build.json")
+
+
+VALID = {
+    "schema 2 fields": lambda d: None,
+    "triton kind": _set("programs.0.kind", "triton"),
+    "every argument kind": _set("programs.0.entries.0.args", [
+        {"name": f"a_{kind}", "kind": kind} for kind in mf.ARGUMENT_KINDS]),
+    "entry without arguments": _set("programs.0.entries.0.args", []),
+    "no entries": _set("programs.0.entries", []),
+    "kernel_<name> roles": _set("programs.0.sources.0.role", "kernel_fwd_2"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALID))
+def test_schema_and_model_accept_the_v2_forms(document, case):
+    """Schema 2's fields in the forms both the schema and the parser accept (the checker's
+    semantic rules, CM206 and CM308/CM309, are not the schema's business)."""
+    document = copy.deepcopy(document)
+    VALID[case](document)
+    assert validate(mf.json_schema(), document) == []
+    manifest = mf.parse(json.dumps(document).encode(), "build.json")
+    assert manifest.schema_version == mf.SCHEMA_VERSION == 2
+    program = manifest.programs[0]
+    assert program.kind == document["programs"][0]["kind"]
+    assert program.entries == tuple(
+        mf.Entry(e["name"], tuple(mf.Argument(a["name"], a["kind"]) for a in e["args"]))
+        for e in document["programs"][0]["entries"])
+    assert [s.role for s in program.sources] == \
+        [s["role"] for s in document["programs"][0]["sources"]]
+
+
+def test_rendered_manifest_holds_the_v2_fields(toy):
+    """What the renderer writes: schema 2, kind cuda, the table's entries as declarations,
+    several kernel sources, and the model's JSON round trip."""
+    from toy_tree import ENTRIES
+
+    text = toy.tree(FAMILY_A).manifest_path.read_text()
+    document = json.loads(text)
+    assert document["schema_version"] == 2
+    for program in document["programs"]:
+        assert program["kind"] == "cuda"
+        assert program["entries"] == [
+            {"name": name, "args": [{"name": a, "kind": k} for a, k in args]}
+            for name, args in ENTRIES.items()]
+        assert [s["role"] for s in program["sources"]] == ["kernel", "kernel_backward", "binding"]
+    assert mf.to_json(mf.parse(text.encode(), "build.json")) == text
+
+
+def test_schema_names_the_argument_and_program_kinds():
+    defs = mf.json_schema()["$defs"]
+    assert defs["Argument"]["properties"]["kind"]["enum"] == list(mf.ARGUMENT_KINDS) == \
+        ["pointer", "i32", "i64", "f32", "f64"]
+    assert defs["Program"]["properties"]["kind"]["enum"] == list(mf.PROGRAM_KINDS) == \
+        ["cuda", "triton"]
+    assert defs["Program"]["properties"]["entries"]["items"] == {"$ref": "#/$defs/Entry"}
+    assert defs["Entry"]["properties"]["args"]["items"] == {"$ref": "#/$defs/Argument"}
 
 
 @pytest.mark.parametrize("case", sorted(INVALID))

@@ -1,15 +1,22 @@
 """Helpers for the manifest tests: a small, self-contained toy repository rendered in tmp_path.
 
 The toy tree has two families so that a template or a header can be shared by some programs
-and not others:
+and not others. Both follow the program contract (schema 2): kernel sources of ``extern "C"
+__global__`` kernels, a binding whose ``// cake:entries`` block the renderer fills from the
+table's ``entries`` and whose entries launch through ``cake/driver.h``.
 
-* ``cake_toy_det_train``: templates ``toy/kernel.cu`` + ``toy/binding.cu``; three specs, one
-  of them with extra flags. Every program includes ``toy/common.h``.
-* ``cake_toy_nondet_train``: templates ``toy_extra/kernel.cu`` + ``toy/binding.cu`` (the binding
-  template is shared); two specs, one of them kcp. Its kernel also includes ``toy/extra.h``.
+* ``cake_toy_det_train``: templates ``toy/kernel.cu`` (role ``kernel``), ``toy/kernel_backward.cu``
+  (role ``kernel_backward``, its kernel defined through the ``CAKE_TOY_BACKWARD_KERNEL`` macro of
+  ``toy/common.h``) and ``toy/binding.cu``; three specs, one of them with extra flags. Every
+  program includes ``toy/common.h`` and the real ``cake/driver.h``, ``cake/program.h`` and
+  ``cake/image.h``.
+* ``cake_toy_nondet_train``: templates ``toy_extra/kernel.cu``, ``toy/kernel_backward.cu`` and
+  ``toy/binding.cu`` (the backward kernel and binding templates are shared); two specs, one of
+  them kcp. Its kernel also includes ``toy/extra.h``.
 
-The templates are written into the tmp tree (never the repository's real ones) and rendered by
-``tools.render``, so the tests see exactly what the renderer produces.
+Both tables declare the entries ``forward`` (x pointer, n i32, scale f32) and ``backward`` (dy, dx
+pointers, n i64). The templates are written into the tmp tree (never the repository's real
+ones) and rendered by ``tools.render``, so the tests see exactly what the renderer produces.
 """
 
 from __future__ import annotations
@@ -36,11 +43,23 @@ RENDERER = REPO / "tools" / "render.py"
 FAMILY_A = "cake_toy_det_train"
 FAMILY_B = "cake_toy_nondet_train"
 
+# The program headers of the real tree (cake/program.h: the ABI; cake/driver.h: launches; cake/
+# image.h: the embedded images), copied into every toy tree so the toy bindings are programs of
+# the current contract.
+REAL_HEADERS = ("cake/program.h", "cake/driver.h", "cake/image.h")
+
 COMMON_H = """\
 // Toy shared header: every toy program includes it.
 #pragma once
 #define TOY_SCALE 2.0f
-#define CAKE_EXPORT extern "C" __attribute__((visibility("default")))
+#define TOY_THREADS 128
+
+// The toy family's backward kernel, defined under the program's name by its kernel source.
+#define CAKE_TOY_BACKWARD_KERNEL(name)                                              \\
+  extern "C" __global__ void name(const float* dy, float* dx, long long n) {      \\
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;                 \\
+    if (i < n) dx[i] = dy[i] * TOY_SCALE;                                           \\
+  }
 """
 
 EXTRA_H = """\
@@ -50,15 +69,16 @@ EXTRA_H = """\
 """
 
 KERNEL_TOY = """\
-// Toy kernel template: compiles as is.
+// Toy kernel template: the forward kernel.
 #include "toy/common.h"
 // cake:params
 #define TOY_BLOCK 128
 // cake:end-params
 
-__global__ void __launch_bounds__(TOY_BLOCK) kernel_cake_library_forward(float* x, int n) {
-  int i = blockIdx.x * TOY_BLOCK + threadIdx.x;
-  if (i < n) x[i] *= TOY_SCALE;
+extern "C" __global__ void __launch_bounds__(TOY_BLOCK) kernel_cake_library_forward(
+    float* x, int n, float scale) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= TOY_SCALE * scale;
 }
 """
 
@@ -70,28 +90,79 @@ KERNEL_TOY_EXTRA = """\
 #define TOY_WIDTH 4
 // cake:end-params
 
-__global__ void kernel_cake_library_forward(float* x, int n) {
+extern "C" __global__ void kernel_cake_library_forward(float* x, int n, float scale) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = x[i] * TOY_SCALE + TOY_OFFSET * TOY_WIDTH;
+  if (i < n) x[i] = x[i] * TOY_SCALE * scale + TOY_OFFSET * TOY_WIDTH;
 }
 """
 
-BINDING_TOY = """\
-// Toy binding template (shared by both toy families).
-#include <cstdint>
+# Shared by both families: a second kernel source whose kernel comes from a family macro.
+KERNEL_TOY_BACKWARD = """\
+// Toy backward kernel template: its kernel is defined through toy/common.h's macro.
 #include "toy/common.h"
 // cake:params
 // cake:end-params
 
-void kernel_cake_library_forward(float* x, int n);
+CAKE_TOY_BACKWARD_KERNEL(kernel_cake_library_backward)
+"""
 
-CAKE_EXPORT const char* cake_library_digest(void) { return "toy"; }
+BINDING_TOY = """\
+// Toy binding template (shared by both toy families): the program's C entries.
+// cake:params
+// cake:end-params
+// cake:entries
+// cake:end-entries
+#include "cake/driver.h"
+#include "cake/image.h"
+#include "toy/common.h"
 
-CAKE_EXPORT int cake_library_forward(const int64_t* args, int32_t nargs, void* stream,
-                                     char* error, int32_t error_len) {
-  return nargs == 2 ? 0 : 1;
+CAKE_ARGUMENTS(ForwardArgs, CAKE_ENTRY_forward)
+CAKE_ARGUMENTS(BackwardArgs, CAKE_ENTRY_backward)
+
+static cake::Kernel forward_kernel;
+static cake::Kernel backward_kernel;
+
+static int forward(const ForwardArgs& a, void* stream, char* error, int32_t error_len) {
+  if (a.n < 0)
+    return cake::fail(error, error_len, cake::kInvalidArgument, "forward: n = %d < 0", a.n);
+  void* x = a.x;
+  int n = a.n;
+  float scale = a.scale;
+  void* params[] = {&x, &n, &scale};
+  const cake::Dim3 grid{static_cast<unsigned>((n + TOY_THREADS - 1) / TOY_THREADS)};
+  const cake::Dim3 block{TOY_THREADS};
+  return cake::launch(forward_kernel, "kernel_cake_library_forward", grid, block, 0, stream,
+                      params, error, error_len);
+}
+
+static int backward(const BackwardArgs& a, void* stream, char* error, int32_t error_len) {
+  void* dy = a.dy;
+  void* dx = a.dx;
+  long long n = a.n;
+  void* params[] = {&dy, &dx, &n};
+  const cake::Dim3 grid{static_cast<unsigned>((n + TOY_THREADS - 1) / TOY_THREADS)};
+  const cake::Dim3 block{TOY_THREADS};
+  return cake::launch(backward_kernel, "kernel_cake_library_backward", grid, block, 0, stream,
+                      params, error, error_len);
+}
+
+CAKE_EXPORT const char* cake_library_digest(void) { return CAKE_PROGRAM_DIGEST; }
+CAKE_EXPORT int cake_library_abi_version(void) { return CAKE_ABI_VERSION; }
+
+CAKE_EXPORT int cake_library_forward(CAKE_ENTRY_PARAMS) {
+  return cake::call_entry<ForwardArgs>(forward, "forward", CAKE_ENTRY_ARGS);
+}
+
+CAKE_EXPORT int cake_library_backward(CAKE_ENTRY_PARAMS) {
+  return cake::call_entry<BackwardArgs>(backward, "backward", CAKE_ENTRY_ARGS);
 }
 """
+
+# The entries both toy families declare (the binding template is shared, so they must agree).
+ENTRIES = {
+    "forward": (("x", "pointer"), ("n", "i32"), ("scale", "f32")),
+    "backward": (("dy", "pointer"), ("dx", "pointer"), ("n", "i64")),
+}
 
 FAMILY_TABLE = """\
 from tools.render import Family, Spec
@@ -99,6 +170,7 @@ from tools.render import Family, Spec
 FAMILY = Family(
     name={name!r},
     templates={templates!r},
+    entries={entries!r},
     specs=(
 {specs}
     ),
@@ -136,9 +208,13 @@ def default_specs() -> dict[str, list[SpecText]]:
     }
 
 
+# Source role -> template; the binding last (manifest order is this order).
 TEMPLATES = {
-    FAMILY_A: {"kernel": "csrc/templates/toy/kernel.cu", "binding": "csrc/templates/toy/binding.cu"},
+    FAMILY_A: {"kernel": "csrc/templates/toy/kernel.cu",
+               "kernel_backward": "csrc/templates/toy/kernel_backward.cu",
+               "binding": "csrc/templates/toy/binding.cu"},
     FAMILY_B: {"kernel": "csrc/templates/toy_extra/kernel.cu",
+               "kernel_backward": "csrc/templates/toy/kernel_backward.cu",
                "binding": "csrc/templates/toy/binding.cu"},
 }
 
@@ -153,12 +229,17 @@ class ToyRepo:
             "csrc/include/toy/extra.h": EXTRA_H,
             "csrc/templates/toy/kernel.cu": KERNEL_TOY,
             "csrc/templates/toy/binding.cu": BINDING_TOY,
+            "csrc/templates/toy/kernel_backward.cu": KERNEL_TOY_BACKWARD,
             "csrc/templates/toy_extra/kernel.cu": KERNEL_TOY_EXTRA,
         }
         for relative, text in files.items():
             self.write(relative, text)
+        for header in REAL_HEADERS:
+            self.write(f"csrc/include/{header}", (REPO / "csrc" / "include" / header).read_bytes())
         (root / "manifests").mkdir(parents=True, exist_ok=True)
-        self.set_specs(default_specs())
+        self.entries = {name: dict(ENTRIES) for name in TEMPLATES}
+        self.specs = default_specs()
+        self.set_specs(self.specs)
 
     # ----------------------------------------------------------------- files
 
@@ -183,10 +264,16 @@ class ToyRepo:
     # ----------------------------------------------------------------- families
 
     def set_specs(self, specs: dict[str, list[SpecText]]) -> None:
+        self.specs = dict(self.specs, **specs)
         for name, spec_list in specs.items():
             self.write(f"tools/families/{name}.py", FAMILY_TABLE.format(
-                name=name, templates=TEMPLATES[name],
+                name=name, templates=TEMPLATES[name], entries=self.entries[name],
                 specs="\n".join(s.text() for s in spec_list)))
+
+    def set_entries(self, name: str, entries: dict) -> None:
+        """Rewrites one family table with other declared entries (same specs)."""
+        self.entries[name] = dict(entries)
+        self.set_specs({name: self.specs[name]})
 
     def families(self) -> dict[str, render.Family]:
         return render.load_families(self.root)
@@ -255,6 +342,10 @@ class Layout:
     def source(self, program: int = 0, role: str = "kernel") -> Path:
         prog = self.manifest().programs[program]
         return self.tree.source_path(next(s for s in prog.sources if s.role == role))
+
+    def header_index(self, path: str) -> int:
+        """The index of a header in the manifest's ``headers`` list."""
+        return next(i for i, h in enumerate(self.manifest().headers) if h.path == path)
 
     def source_index(self, program: int = 0, role: str = "kernel") -> int:
         prog = self.manifest().programs[program]

@@ -22,6 +22,7 @@ from vendor_tree import (PREFIX, REPO, TOY_FAMILY, codes, gate, host_tree, make_
 
 from cake import vendored
 from cake.core import manifest as mf
+from cake.core import trust
 
 TORCH = importlib.util.find_spec("torch") is not None
 
@@ -195,7 +196,9 @@ def test_gate_passes_a_clean_copy(tmp_path, toy):
 
 def _tamper_source(package: Path) -> Path:
     source = sorted((package / "csrc").glob("*_kernel.cu"))[0]
-    source.write_bytes(source.read_bytes().replace(b"2.0f", b"3.0f"))
+    data = source.read_bytes()
+    assert b"p.x[i] * p.factor" in data
+    source.write_bytes(data.replace(b"p.x[i] * p.factor", b"p.x[i] * p.factor * 2"))
     return package / "build.json"
 
 
@@ -227,7 +230,9 @@ def _import_above(package: Path) -> Path:
 
 def _edit_python(package: Path) -> Path:
     module = package / "core" / "loader.py"
-    module.write_text(module.read_text().replace("ABI_VERSION = 1", "ABI_VERSION = 2"))
+    text = module.read_text()
+    assert "ABI_VERSION = 2" in text
+    module.write_text(text.replace("ABI_VERSION = 2", "ABI_VERSION = 3"))
     return module
 
 
@@ -274,11 +279,19 @@ def test_gate_on_a_missing_package_is_a_usage_error(tmp_path, toy):
 
 
 def test_gate_ignores_built_libraries_and_bytecode(tmp_path, toy):
+    """Build outputs (lib/ with its build record) and bytecode are not vendored files (no CM703);
+    the libraries are checked against their record instead (CM801)."""
     (toy / "lib").mkdir()
     (toy / "lib" / "whatever_sm_90a.so").write_bytes(b"\x7fELF")
+    trust.write_record(toy / "lib", [toy / "lib" / "whatever_sm_90a.so"])
     (toy / "core" / "__pycache__").mkdir()
     (toy / "core" / "__pycache__" / "loader.cpython-311.pyc").write_bytes(b"\0")
-    assert gate(tmp_path, tmp_path / "host", TOY_FAMILY).returncode == 0
+    result = gate(tmp_path, tmp_path / "host", TOY_FAMILY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (toy / "lib" / "stray_sm_90a.so").write_bytes(b"\x7fELF")
+    result = gate(tmp_path, tmp_path / "host", TOY_FAMILY)
+    assert result.returncode == 1 and codes(result.stdout) == ["CM801"], result.stdout
+    assert "lib/stray_sm_90a.so is not in the build record" in result.stdout
 
 
 # --------------------------------------------------------------------------- vendored runs

@@ -4,11 +4,12 @@ One host tree holds the toy family and every real family. ``ci/build_vendored.sh
 TARGET...`` builds it with ``flashinfer`` unimportable in every process (the gate, CMake's
 configure step running tools/build_plan.py, nvcc). To keep CI short it builds, for sm_90a
 only, the toy family's first program and the first program of each real family (one
-library each, about 10 s on two cores); the toy's second program stays unbuilt to show the
-JIT fallback. The vendored packages are then imported as top-level packages with
-``flashinfer`` and ``cake`` blocked, on a simulated H200 (``loader.device`` replaced as in
-tests/loader): built programs load from ``<package>/lib`` and their embedded digests match
-the manifest; the unbuilt one is refused with CAKE_JIT=0 and JIT-compiled otherwise.
+library each, about 10 s on two cores), and records them in each package's build record
+(lib/libraries.json); the toy's second program stays unbuilt to show the JIT fallback. The
+vendored packages are then imported as top-level packages with ``flashinfer`` and ``cake``
+blocked, on a simulated H200 (``loader.device`` replaced as in tests/loader): built programs
+load from ``<package>/lib`` and their embedded digests match the manifest; the unbuilt one is
+refused with CAKE_JIT=0 and JIT-compiled otherwise.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 import pytest
 from vendor_tree import (BUILD_VENDORED, PREFIX, TOY_FAMILY, gate, host_tree, make_source_repo,
                          manifest_of, real_families, run, run_vendored, vendor)
+
+from cake.core import trust
 
 pytestmark = pytest.mark.nvcc
 ARCH = "sm_90a"
@@ -54,10 +57,31 @@ def build(work: Path, into: Path, targets: list[str]):
 
 
 def test_libraries_are_built_into_each_package(built):
+    """Each package's lib/ holds the libraries built for it and their build record."""
     work, into, wanted = built
     for name, libraries in wanted.items():
-        assert sorted(p.name for p in (into / name / "lib").iterdir()) == \
-            sorted(f"{library}_{ARCH}.so" for library in libraries)
+        lib = into / name / "lib"
+        expected = sorted(f"{library}_{ARCH}.so" for library in libraries)
+        assert sorted(p.name for p in lib.iterdir()) == sorted([*expected, trust.RECORD_NAME])
+        assert trust.read_record(lib) == {n: trust.sha256_file(lib / n) for n in expected}
+
+
+def test_a_build_of_every_target_records_its_libraries(built, tmp_path):
+    """Without TARGETs (a copy of the toy package): every library, and the build record that
+    CMake writes (cake_add_record) listing each with its sha256."""
+    work, into, _ = built
+    host = tmp_path / "host"
+    shutil.copytree(work / "host", host)
+    package = host.joinpath(*PREFIX.split("."), TOY_FAMILY)
+    shutil.rmtree(package / "lib")
+    result = run(["bash", BUILD_VENDORED, package, ARCH], tmp_path, timeout=1800,
+                 PYTHON=sys.executable, CAKE_BUILD_DIR=str(tmp_path / "build"))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    names = sorted(f"{p.library}_{ARCH}.so" for p in manifest_of(package).programs)
+    assert sorted(p.name for p in (package / "lib").iterdir()) == \
+        sorted([*names, trust.RECORD_NAME])
+    assert trust.read_record(package / "lib") == \
+        {n: trust.sha256_file(package / "lib" / n) for n in names}
 
 
 def test_a_second_build_does_nothing(built):
@@ -101,7 +125,8 @@ LOAD = """
         state = programs.state(program, "sm_90a")
         if program.library in {built!r}:
             library = programs.library(program, 0)
-            digest = loader.embedded_digest(library.path, program.library)
+            digest = loader.embedded_digest(library.path, program.library,
+                                            programs.record()[library.path.name])
             print("built", program.library, library.origin, state, digest == program.digest,
                   library.path.parent == Path(family.__file__).parent / "lib")
         elif {jit!r} == program.library:

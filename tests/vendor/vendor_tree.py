@@ -88,7 +88,8 @@ def program(block: int) -> Program:
 def scale_(pointer: int, count: int, *, block: int = 128, device_index: int = 0,
            stream: int = 0) -> None:
     """Doubles ``count`` float32 values at device address ``pointer``."""
-    programs().library(program(block), device_index).entry("scale")([pointer, count], stream)
+    entry = programs().library(program(block), device_index).entry("scale")
+    entry(stream, x=pointer, n=count, factor=2.0, offset=0.0, smem_bytes=0)
 '''
 
 
