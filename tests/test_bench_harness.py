@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
 
 import harness  # noqa: E402
@@ -155,8 +157,6 @@ def test_hide_host_doubles_the_flushes_until_the_call_is_queued_before_the_devic
 
 
 def test_hide_host_reports_the_flushes_it_needed_and_refuses_a_call_it_cannot_hide():
-    import pytest
-
     bench, stream = _modelled_bench(host_us=30.0)
     bench.torch = type("torch", (), {"cuda": type("cuda", (), {"synchronize": staticmethod(lambda d: None)})})
     bench.device = None
@@ -165,3 +165,73 @@ def test_hide_host_reports_the_flushes_it_needed_and_refuses_a_call_it_cannot_hi
     bench, stream = _modelled_bench(host_us=(harness.MAX_COVER_FLUSHES + 1) * _Stream.FLUSH_US)
     with pytest.raises(harness.HostNotHidden):
         bench.once(stream.call, hide_host=True)
+
+
+@pytest.mark.nvcc
+def test_tune_libraries_keep_the_family_entries_and_the_bench_calls_them_by_name(
+        tmp_path_factory, monkeypatch):
+    """``harness.tune_libraries`` renders tuned programs with the family's declared entries (its
+    table's ``entries``), so a tune at the table's own knobs is the shipped program, digest and
+    entries; causal_conv1d.py's direct entry calls pass every declared argument by name: on the
+    fake CUDA driver (tests/fake_cuda.c) the forward, backward and reduction launch on the
+    bench's stream with the bench's buffers in their parameters. Compiles one program with nvcc
+    (into the JIT cache the family tests of the session share)."""
+    import ctypes
+    import struct
+    import types
+
+    torch = pytest.importorskip("torch")
+    import fake_cuda
+
+    from cake.core import jit
+    from cake.core import manifest as mf
+
+    reason = jit.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    if fake_cuda.real_driver_present():
+        pytest.skip("a real CUDA driver is installed here: the fake must not be mixed with it")
+    driver = fake_cuda.load()
+    cache = tmp_path_factory.getbasetemp() / "cake-family-jit-cache"  # the family tests' cache
+    cache.mkdir(mode=0o700, exist_ok=True)
+    monkeypatch.setenv("CAKE_CACHE_DIR", str(cache))
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda *args: types.SimpleNamespace(cuda_stream=0x5))
+
+    import causal_conv1d  # tools/bench/causal_conv1d.py
+    from tools.families import cake_causal_conv1d_det_train as table
+
+    repo = Path(__file__).resolve().parents[1]
+    manifest = mf.read(repo / "manifests" / "cake_causal_conv1d_det_train.json")
+    shipped = next(p for p in manifest.programs if p.route["tile"] == "short" and p.variant
+                   == {"dtype": "bfloat16", "bias": False, "activation": "silu"})
+    library = causal_conv1d.tune_libraries({"short": dict(table.TILES["short"][1])})["short"]
+    assert library.program.library == shipped.library
+    assert library.program.entries == shipped.entries
+
+    x, dy = torch.zeros(1000, 512, dtype=torch.bfloat16), torch.zeros(1000, 512, dtype=torch.bfloat16)
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    w, dw = torch.zeros(512, 4, dtype=torch.bfloat16), torch.empty(512, 4)
+    cu = torch.tensor([0, 300, 1000], dtype=torch.int32)
+    driver.reset()
+    forward, backward, workspace = causal_conv1d._entry_calls(library, x, w, cu, y, dy, dx, dw)
+    forward()
+    backward()
+    launches = driver.launches()
+    prefix = f"kernel_{shipped.library}_"
+    assert [launch.kernel for launch in launches] == [
+        prefix + "forward_av", prefix + "backward_av", prefix + "reduce_f"]
+    assert {launch.stream for launch in launches} == {0x5}
+    # The kernels' parameters (csrc/include/cake/causal_conv1d/config.h, Params).
+    fields = ("x", "weight", "bias", "cu_seqlens", "num_docs", "doc_len", "tokens", "channels")
+    for launch in launches:
+        values = dict(zip(fields, struct.unpack_from("<4Q4q", launch.params)))
+        assert values == {"x": x.data_ptr(), "weight": w.data_ptr(), "bias": 0,
+                          "cu_seqlens": cu.data_ptr(), "num_docs": 2, "doc_len": 0, "tokens": 1000,
+                          "channels": 512}
+    y_ptr, dy_ptr, dx_ptr, partials, dweight, _ = struct.unpack_from("<6Q", launches[1].params, 88)
+    assert (y_ptr, dy_ptr, dx_ptr, partials, dweight) == (
+        0, dy.data_ptr(), dx.data_ptr(), workspace.data_ptr(), dw.data_ptr())
+    size = ctypes.c_int64(-1)
+    library.entry("workspace_bytes")(0, tokens=1000, channels=512, out=ctypes.addressof(size))
+    assert workspace.numel() == size.value > 0

@@ -23,6 +23,7 @@ from cake.cake_causal_conv1d_det_train import (  # noqa: E402
     cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward)
 from cake.cake_causal_conv1d_det_train import _function  # noqa: E402
 from cake.cake_causal_conv1d_det_train._validate import validate_inputs  # noqa: E402
+from cake.core import plans  # noqa: E402
 
 
 def inputs(tokens, channels, *, dtype=torch.bfloat16, wdtype=None, misaligned=False, seed=0):
@@ -62,8 +63,10 @@ def garbage_cu(tokens, channels):
         plan = _function._plan(problem)
         need = plan.workspace_bytes
         ws = torch.empty(need, dtype=torch.uint8, device="cuda")
-        _function._forward_into(plan, x, w, b, cu, y)
-        _function._backward_into(plan, dy, x, w, b, cu, dx, dw, db, ws, need)
+        stream = plans.stream_handle(plan.device)
+        # The plan's entries, bound to the problem (tensors per call), as the helpers call them.
+        plan.forward(stream, x, w, b, cu, y)
+        plan.backward(stream, x, w, b, cu, dy, dx, dw, db, ws, need, int(dw.dtype == torch.float32))
 
 
 def main() -> int:

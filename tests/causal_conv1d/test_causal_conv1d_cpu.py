@@ -18,7 +18,7 @@ import fake_gpu  # noqa: E402
 from fake_gpu import cuda  # noqa: E402
 
 import cake.cake_causal_conv1d_det_train as conv  # noqa: E402
-from cake.core import host, jit  # noqa: E402
+from cake.core import autograd, checks, jit, plans  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
 from cake.cake_causal_conv1d_det_train import reference as ref  # noqa: E402
 from cake.cake_causal_conv1d_det_train import _function, _routes, _validate  # noqa: E402
@@ -159,9 +159,9 @@ def test_routes_pick_highest_floor_and_are_unambiguous():
 
 
 def test_no_route_is_a_clear_error():
-    with pytest.raises(host.NoRoute, match="channels=0"):
+    with pytest.raises(plans.NoRoute, match="channels=0"):
         _routes.select(MANIFEST, _problem(torch.bfloat16, False, "silu", 0, 10), "sm_90a")
-    with pytest.raises(host.NoRoute, match="sm_120a"):
+    with pytest.raises(plans.NoRoute, match="sm_120a"):
         _routes.select(MANIFEST, _problem(torch.bfloat16, False, "silu", 64, 10), "sm_120a")
 
 
@@ -175,9 +175,14 @@ def test_manifest_is_rendered_and_checked():
 
 
 def test_every_program_has_the_entries_and_kernels():
+    table = _family_table()
     for program in MANIFEST.programs:
-        assert {e.rsplit("_", 1)[-1] for e in program.entries} >= {"forward", "backward"}
-        assert f"{program.library}_workspace_bytes" in program.entries
+        names = [entry.name for entry in program.entries]
+        assert set(names) >= {"forward", "backward"}
+        assert "workspace_bytes" in names
+        # Each entry declares the family table's arguments, in its order (what Python packs).
+        assert {entry.name: tuple((a.name, a.kind) for a in entry.args)
+                for entry in program.entries} == table.ENTRIES
         assert len(program.kernels) == 10
         assert set(program.arches) == {"sm_90a", "sm_100a", "sm_103a"}
 
@@ -188,46 +193,46 @@ def test_every_program_has_the_entries_and_kernels():
 def test_check_tensor_names_argument_and_problem():
     good = torch.zeros(4, 8, dtype=torch.bfloat16)
     kwargs = dict(dtypes=(torch.bfloat16,), ndims=(2,), shape_hint="[S, C]", device_type="cpu")
-    assert host.check_tensor("x", good, **kwargs) is good
+    assert checks.check_tensor("x", good, **kwargs) is good
     with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor"):
-        host.check_tensor("x", [1, 2], **kwargs)
+        checks.check_tensor("x", [1, 2], **kwargs)
     with pytest.raises(TypeError, match=r"^x: expected dtype bfloat16, got float32"):
-        host.check_tensor("x", good.float(), **kwargs)
+        checks.check_tensor("x", good.float(), **kwargs)
     with pytest.raises(ValueError, match=r"^x: expected shape \[S, C\]"):
-        host.check_tensor("x", good[None], **kwargs)
+        checks.check_tensor("x", good[None], **kwargs)
     with pytest.raises(ValueError, match=r"^x: expected a contiguous tensor"):
-        host.check_tensor("x", torch.zeros(8, 4, dtype=torch.bfloat16).t(), **kwargs)
+        checks.check_tensor("x", torch.zeros(8, 4, dtype=torch.bfloat16).t(), **kwargs)
     with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor"):
-        host.check_tensor("x", good, **dict(kwargs, device_type="cuda"))
+        checks.check_tensor("x", good, **dict(kwargs, device_type="cuda"))
 
 
 def test_check_output_and_disjoint():
     out = torch.zeros(4, 8)
-    host.check_output("out", out, shape=(4, 8), dtype=torch.float32, device=out.device)
+    checks.check_output("out", out, shape=(4, 8), dtype=torch.float32, device=out.device)
     with pytest.raises(TypeError, match="^out: "):
-        host.check_output("out", out.double(), shape=(4, 8), dtype=torch.float32,
+        checks.check_output("out", out.double(), shape=(4, 8), dtype=torch.float32,
                           device=out.device)
     with pytest.raises(ValueError, match="^out: "):
-        host.check_output("out", out[:2], shape=(4, 8), dtype=torch.float32, device=out.device)
+        checks.check_output("out", out[:2], shape=(4, 8), dtype=torch.float32, device=out.device)
     with pytest.raises(ValueError, match="^out: must not share memory with x"):
-        host.check_disjoint({"out": out}, {"x": out.view(8, 4)})
-    host.check_disjoint({"out": out}, {"x": torch.zeros(4, 8)})
+        checks.check_disjoint({"out": out}, {"x": out.view(8, 4)})
+    checks.check_disjoint({"out": out}, {"x": torch.zeros(4, 8)})
 
 
 def test_check_cu_seqlens_type_checks_without_device():
     with pytest.raises(TypeError, match="^cu_seqlens: expected dtype int32"):
-        host.check_cu_seqlens("cu_seqlens", torch.tensor([0, 4]), tokens=4,
+        checks.check_cu_seqlens("cu_seqlens", torch.tensor([0, 4]), tokens=4,
                               device=torch.device("cuda", 0))
     with pytest.raises(ValueError, match="^cu_seqlens: expected a CUDA tensor"):
-        host.check_cu_seqlens("cu_seqlens", torch.tensor([0, 4], dtype=torch.int32), tokens=4,
+        checks.check_cu_seqlens("cu_seqlens", torch.tensor([0, 4], dtype=torch.int32), tokens=4,
                               device=torch.device("cuda", 0))
     with pytest.raises(TypeError, match="^cu_seqlens: expected an int32 CUDA tensor"):
-        host.check_cu_seqlens("cu_seqlens", [0, 4], tokens=4, device=torch.device("cuda", 0))
+        checks.check_cu_seqlens("cu_seqlens", [0, 4], tokens=4, device=torch.device("cuda", 0))
 
 
 def test_backward_result_is_tied_to_arity():
     g = torch.zeros(1)
-    assert host.backward_result(5, {0: g, 2: g}) == (g, None, g, None, None)
+    assert autograd.backward_result(5, {0: g, 2: g}) == (g, None, g, None, None)
 
 
 # --------------------------------------------------------------------------- host fast path
@@ -259,6 +264,12 @@ def validations(monkeypatch):
     return counts
 
 
+def _sizes(args: dict) -> dict:
+    """The non-pointer arguments of a recorded backward launch."""
+    return {name: args[name] for name in ("workspace_bytes", "tokens", "channels", "num_docs",
+                                          "doc_len", "weight_fp32", "grad_fp32")}
+
+
 def _conv_case(tokens=64, channels=32, bias=True):
     torch.manual_seed(0)
     x = cuda(torch.randn(tokens, channels).to(torch.bfloat16))
@@ -277,10 +288,13 @@ def test_a_repeated_signature_is_validated_and_routed_once(gpu, validations):
     assert len(gpu.of("workspace_bytes")) == 1  # one query per problem, not per call
     assert len(gpu.of("forward")) == len(gpu.of("backward")) == 3
     forward = gpu.of("forward")[-1].args
-    assert forward == [x.data_ptr(), w.data_ptr(), b.data_ptr(), cu.data_ptr(), forward[4], 64,
-                       32, 3, 0, 0]
+    assert forward == {"x": x.data_ptr(), "weight": w.data_ptr(), "bias": b.data_ptr(),
+                       "cu_seqlens": cu.data_ptr(), "y": forward["y"], "tokens": 64,
+                       "channels": 32, "num_docs": 3, "doc_len": 0, "weight_fp32": 0}
     backward = gpu.of("backward")[-1].args
-    assert backward[9:] == [fake_gpu.WORKSPACE_BYTES, 64, 32, 3, 0, 0, 1]
+    assert _sizes(backward) == {"workspace_bytes": fake_gpu.WORKSPACE_BYTES, "tokens": 64,
+                                "channels": 32, "num_docs": 3, "doc_len": 0, "weight_fp32": 0,
+                                "grad_fp32": 1}
 
 
 def test_a_new_signature_is_validated_again_with_the_same_errors(gpu, validations):
@@ -312,7 +326,7 @@ def test_a_new_signature_is_validated_again_with_the_same_errors(gpu, validation
 def test_cu_seqlens_values_are_read_again_after_a_change(gpu, validations, monkeypatch):
     x, w, b, cu, dy = _conv_case()
     reads = []
-    monkeypatch.setattr(host, "is_capturing", lambda: reads.append(1) or False)
+    monkeypatch.setattr(plans, "is_capturing", lambda: reads.append(1) or False)
     conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
     conv.cake_causal_conv1d_det_train_forward(x, w, b, cu)
     assert len(reads) == 1  # unchanged: read once
@@ -365,6 +379,46 @@ def test_a_small_workspace_is_refused(gpu):
     assert len(gpu.of("workspace_bytes")) == 1 and not gpu.of("backward")
 
 
+@pytest.mark.parametrize("change,error,match", [
+    # x is bf16 or fp16: float32 x (which the programs cannot read) is refused.
+    (dict(x=torch.float32), TypeError, r"^x: expected dtype bfloat16 or float16, got float32"),
+    (dict(x=torch.float64), TypeError, r"^x: expected dtype bfloat16 or float16, got float64"),
+    # weight in x's dtype or fp32.
+    (dict(weight=torch.float16), TypeError, r"^weight: expected dtype bfloat16 or float32, got float16"),
+    # bias in the weight's dtype, whatever x's: not x's dtype when the weight is fp32, not fp32
+    # when the weight is x's.
+    (dict(bias=torch.float32), TypeError, r"^bias: expected dtype bfloat16, got float32"),
+    (dict(weight=torch.float32), TypeError, r"^bias: expected dtype float32, got bfloat16"),
+    (dict(weight=torch.float32, bias=torch.float16), TypeError,
+     r"^bias: expected dtype float32, got float16"),
+], ids=["x-fp32", "x-fp64", "weight-fp16", "bias-fp32-weight-bf16", "bias-bf16-weight-fp32",
+        "bias-fp16-weight-fp32"])
+def test_bad_dtypes_are_refused_before_any_launch(gpu, change, error, match):
+    """The family's dtype rules on every entry (forward, backward, workspace query and the
+    autograd functional): each bad dtype is refused, naming the argument, before any launch."""
+    x, w, b, cu, dy = _conv_case()
+    dtypes = {"x": torch.bfloat16, "weight": torch.bfloat16, "bias": torch.bfloat16, **change}
+    x, w, b = (cuda(t.to(dtypes[name])) for name, t in (("x", x), ("weight", w), ("bias", b)))
+    dy = cuda(dy.to(x.dtype))
+    calls = [
+        lambda: conv.cake_causal_conv1d_det_train_forward(x, w, b, cu),
+        lambda: conv.cake_causal_conv1d_det_train_backward(dy, x, w, b, cu),
+        lambda: conv.cake_causal_conv1d_det_train_backward_workspace_bytes(x, w, b, cu),
+        lambda: conv.cake_causal_conv1d_det(x, w, b, cu),
+    ]
+    for call in calls:
+        with pytest.raises(error, match=match):
+            call()
+    assert not gpu
+    # The same tensors with the dtypes fixed run (the rule, not the values, refused them).
+    fixed = {"x": torch.bfloat16, "weight": dtypes["weight"] if dtypes["weight"] in
+             (torch.bfloat16, torch.float32) else torch.bfloat16}
+    fixed["bias"] = fixed["weight"]
+    conv.cake_causal_conv1d_det_train_forward(cuda(x.to(fixed["x"])), cuda(w.to(fixed["weight"])),
+                                              cuda(b.to(fixed["bias"])), cu)
+    assert [launch.entry for launch in gpu if launch.entry != "workspace_bytes"] == ["forward"]
+
+
 def test_autograd_backward_reuses_the_forward_plan(gpu, validations):
     x, w, b, cu, dy = _conv_case()
     leaves = [cuda(t.detach()).requires_grad_() for t in (x, w, b)]
@@ -373,13 +427,16 @@ def test_autograd_backward_reuses_the_forward_plan(gpu, validations):
     assert validations == {"forward": 1, "backward": 0}
     assert len(gpu.of("workspace_bytes")) == 1 and len(gpu.of("backward")) == 2
     args = gpu.of("backward")[-1].args
-    assert args[:4] == [t.data_ptr() for t in (*leaves, cu)]
-    assert args[9:] == [fake_gpu.WORKSPACE_BYTES, 64, 32, 3, 0, 0, 0]  # bf16 gradients
+    assert [args[name] for name in ("x", "weight", "bias", "cu_seqlens")] == \
+        [t.data_ptr() for t in (*leaves, cu)]
+    assert _sizes(args) == {"workspace_bytes": fake_gpu.WORKSPACE_BYTES, "tokens": 64,
+                            "channels": 32, "num_docs": 3, "doc_len": 0, "weight_fp32": 0,
+                            "grad_fp32": 0}  # bf16 gradients
     assert [leaf.grad.shape for leaf in leaves] == [(64, 32), (32, 4), (32,)]
 
 
 def test_functional_and_public_apply_launch_and_record_alike(gpu):
-    """The functional launches, then records the call in autograd (host.eager_apply); the
+    """The functional launches, then records the call in autograd (autograd.eager_apply); the
     public Function.apply launches inside its forward: the same entries, graph node type and
     gradients' shapes. Under no_grad the functional launches and records nothing."""
     x, w, b, cu, dy = _conv_case()
@@ -463,9 +520,15 @@ def test_import_cake_does_not_import_torch_here():
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 
-def test_family_table_loads():
+def _family_table():
+    """``tools/families/<NAME>.py``, loaded by path (``tools`` is not on the import path)."""
     spec = importlib.util.spec_from_file_location(
         "_table", REPO / "tools" / "families" / f"{NAME}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_family_table_loads():
+    module = _family_table()
     assert module.FAMILY.name == NAME and len(module.FAMILY.specs) == len(MANIFEST.programs)

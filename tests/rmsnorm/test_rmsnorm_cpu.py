@@ -9,7 +9,6 @@ import importlib.util
 import inspect
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,8 @@ import launch_model  # noqa: E402
 from fake_gpu import cuda  # noqa: E402
 from rmsnorm_families import FAMILIES, family_module, family_table  # noqa: E402
 
-from cake.core import jit, rmsnorm  # noqa: E402
+from cake._shared import rmsnorm  # noqa: E402
+from cake.core import jit  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
 from cake.cake_gated_rmsnorm_det_train import _function as gated_function  # noqa: E402
 from cake.cake_gated_rmsnorm_det_train import reference as gated_ref  # noqa: E402
@@ -131,12 +131,15 @@ def test_family_tables(name):
         assert (spec.params["CAKE_COLS_MIN"], spec.params["CAKE_COLS_MAX"]) == (
             spec.route["cols_min"], spec.route["cols_max"])
     for program in manifest.programs:
-        assert program.entries == tuple(f"{program.library}_{e}" for e in
-                                        ("digest", "abi_version", "forward", "backward",
-                                         "workspace_bytes"))
+        # The declared entries, each with the family table's arguments in its order (what
+        # Python packs; both families declare RMSNorm's).
+        assert tuple(entry.name for entry in program.entries) == ("forward", "backward",
+                                                                  "workspace_bytes")
+        assert {entry.name: tuple((a.name, a.kind) for a in entry.args)
+                for entry in program.entries} == family_module("cake_rmsnorm_det_train").ENTRIES
         assert set(program.kernels) == {f"kernel_{program.library}_{k}"
                                         for k in ("forward", "backward", "dweight")}
-        assert "cake/rmsnorm_common.cuh" in program.headers
+        assert {"cake/rmsnorm/kernels.cuh", "cake/rmsnorm/common.h"} <= set(program.headers)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -238,12 +241,17 @@ def test_rmsnorm_repeated_signature_is_validated_and_routed_once(gpu, validation
     assert validations == {"forward": 1, "backward": 1}
     assert len(gpu.of("workspace_bytes")) == 1  # one query per problem, not per call
     forward, backward = gpu.of("forward"), gpu.of("backward")
-    assert [launch.args[7:] for launch in forward] == \
-        [[8, 64, 0, rmsnorm.fp32_bits(1e-5), rmsnorm.fp32_bits(offset)] for offset in offsets]
-    assert [launch.args[-1] for launch in backward] == \
+    # Floats as given (the entry packs them as fp32 bits): compared by their fp32 bits, so
+    # that -0.0 and 0.0 differ.
+    assert [{name: launch.args[name] for name in ("rows", "cols", "weight_fp32")}
+            for launch in forward] == [{"rows": 8, "cols": 64, "weight_fp32": 0}] * 3
+    assert [(rmsnorm.fp32_bits(launch.args["eps"]), rmsnorm.fp32_bits(launch.args["weight_offset"]))
+            for launch in forward] == \
+        [(rmsnorm.fp32_bits(1e-5), rmsnorm.fp32_bits(offset)) for offset in offsets]
+    assert [rmsnorm.fp32_bits(launch.args["weight_offset"]) for launch in backward] == \
         [rmsnorm.fp32_bits(offset) for offset in offsets]
     assert rmsnorm.fp32_bits(-0.0) != rmsnorm.fp32_bits(0.0)
-    assert backward[-1].args[10] == fake_gpu.WORKSPACE_BYTES
+    assert backward[-1].args["workspace_bytes"] == fake_gpu.WORKSPACE_BYTES
     assert {launch.variant["load"] for launch in gpu} == {"vector"}
 
 
@@ -331,6 +339,40 @@ def test_rmsnorm_new_signature_is_validated_again_with_the_same_errors(gpu, vali
     assert len(gpu.of("forward")) == 1
 
 
+# (x's dtype, the weight's, the message): the weight is in x's dtype or fp32, nothing else.
+BAD_WEIGHT_DTYPES = [
+    (torch.bfloat16, torch.float16, r"^weight: expected dtype bfloat16 or float32, got float16\["),
+    (torch.bfloat16, torch.float64, r"^weight: expected dtype bfloat16 or float32, got float64\["),
+    (torch.float16, torch.bfloat16, r"^weight: expected dtype float16 or float32, got bfloat16\["),
+    (torch.float32, torch.bfloat16, r"^weight: expected dtype float32, got bfloat16\["),
+    (torch.bfloat16, torch.int32, r"^weight: expected dtype bfloat16 or float32, got int32\["),
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("x_dtype,w_dtype,match", BAD_WEIGHT_DTYPES,
+                         ids=[f"x-{str(x)[6:]}-w-{str(w)[6:]}" for x, w, _ in BAD_WEIGHT_DTYPES])
+def test_rmsnorm_weight_dtype_is_x_dtype_or_fp32(gpu, family, x_dtype, w_dtype, match):
+    """Every entry (forward and backward helpers, workspace query, autograd functional) refuses a
+    weight in another dtype than x's or fp32, naming the weight, before any launch; the same call
+    with an fp32 weight runs."""
+    x, g = _rows(8, 64, dtype=x_dtype), _rows(8, 64, dtype=x_dtype)
+    w = cuda(torch.ones(64, dtype=w_dtype))
+    rstd, dy = cuda(torch.ones(8)), _rows(8, 64, dtype=x_dtype)
+    calls = [
+        lambda: family.forward(x, g, w),
+        lambda: family.functional(x, g, w),
+        lambda: family.backward(dy, x, g, w, rstd),
+        lambda: family.workspace_bytes(x, g, w),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=match):
+            call()
+    assert not gpu
+    family.forward(x, g, cuda(torch.ones(64)))
+    assert [launch.entry for launch in gpu if launch.entry != "workspace_bytes"] == ["forward"]
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_rmsnorm_outputs_overlapping_inputs_are_refused_on_the_fast_path(gpu, validations,
                                                                         family):
@@ -385,7 +427,7 @@ def test_rmsnorm_autograd_backward_reuses_the_forward_plan(gpu, validations, fam
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 @pytest.mark.parametrize("residual", [False, True])
 def test_rmsnorm_functional_and_public_apply_launch_and_record_alike(gpu, family, residual):
-    """The functional launches, then records the call in autograd (host.eager_apply); the
+    """The functional launches, then records the call in autograd (autograd.eager_apply); the
     public Function.apply launches inside its forward. Same programs, same graph node type,
     gradients of the same shapes; under no_grad the functional launches and records nothing."""
     x, g, w = _rms_case()
@@ -441,27 +483,28 @@ def test_public_names_follow_the_scheme(name):
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """Every bf16 vector program of each family (one a D band), built here (the checks need no
-    GPU), in parallel: name -> [(library, program)] in D order."""
-    nvcc = jit.find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found ($CUDA_HOME/bin or PATH)")
-    # (tmp_path_factory is not thread-safe: the folders are made here, the builds in the pool)
-    jobs = [(name, program, tmp_path_factory.mktemp(name) / f"{program.library}.so")
-            for name in NAMES for program in MANIFESTS[name].programs
+def compiled(family_jit_cache):
+    """Every bf16 vector program of each family (one a D band), JIT-compiled (the checks need no
+    GPU) into the session's JIT cache, in parallel, and loaded: name -> [(library, program)] in
+    D order."""
+    reason = jit.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    jobs = [(name, program) for name in NAMES for program in MANIFESTS[name].programs
             if program.variant == {"dtype": "bfloat16", "load": "vector"}]
 
     def build(job):
-        name, program, path = job
-        subprocess.run(jit.compile_command(nvcc, mf.repository_tree(REPO, name), program, "sm_90a", path),
-                       check=True)
+        name, program = job
+        path = jit.compile_program(mf.repository_tree(REPO, name), MANIFESTS[name], program,
+                                   "sm_90a")[0]
         return ctypes.CDLL(str(path))
 
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        libraries = list(pool.map(build, jobs))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CAKE_CACHE_DIR", str(family_jit_cache))
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+            libraries = list(pool.map(build, jobs))
     out = {name: [] for name in NAMES}
-    for (name, program, _), library in zip(jobs, libraries):
+    for (name, program), library in zip(jobs, libraries):
         out[name].append((library, program))
     return {name: sorted(programs, key=lambda lp: lp[1].route["cols_min"]) for name, programs in out.items()}
 
@@ -549,14 +592,17 @@ def test_entries_check_their_arguments(compiled, name):
     gate = fake if "gated" in name else 0
     one = rmsnorm.fp32_bits(1.0)
     forward = [fake, 0, gate, fake, fake, 0, 0, 4, 64, 0, rmsnorm.fp32_bits(1e-6), 0]
+    # A call with the wrong argument count is refused by the declaration's unpacking.
+    assert _call(compiled, name, "forward", forward[:11]) == (1, "forward takes 12 arguments, got 11")
+    assert _call(compiled, name, "forward", forward + [0]) == (1, "forward takes 12 arguments, got 13")
     cases = [
-        (forward[:11], "expected 12 arguments"),
         (forward[:8] + [0] + forward[9:], "cols must be in [1, 16384]"),
         (forward[:8] + [16392] + forward[9:], "cols must be in [1, 16384]"),
         (forward[:7] + [-1] + forward[8:], "rows must be >= 0"),
         (forward[:10] + [0, 0], "eps must be finite and > 0"),
         (forward[:10] + [rmsnorm.fp32_bits(-1.0), 0], "eps must be finite and > 0"),
         (forward[:9] + [2] + forward[10:], "weight_fp32 must be 0 or 1"),
+        (forward[:9] + [1 << 40] + forward[10:], "argument weight_fp32 does not fit i32"),
         ([0] + forward[1:], "x is null"),
         ([fake + 2] + forward[1:], "x is not 16-byte aligned"),
         (forward[:4] + [0] + forward[5:], "y is null"),
@@ -575,8 +621,8 @@ def test_entries_check_their_arguments(compiled, name):
     for args, message in cases:
         assert _call(compiled, name, "forward", args) == (1, f"forward: {message}"), message
     backward = [fake, gate, fake, fake, fake, 0, fake, 0, gate, fake, 1 << 20, fake, 4, 64, 0, 2, one]
+    assert _call(compiled, name, "backward", backward[:16]) == (1, "backward takes 17 arguments, got 16")
     cases = [
-        (backward[:16], "expected 17 arguments"),
         (backward[:10] + [4] + backward[11:], "workspace is smaller than backward_workspace_bytes"),
         (backward[:15] + [3, one], "dweight dtype code must be 0, 1 or 2"),
         (backward[:4] + [0] + backward[5:], "rstd is null"),

@@ -12,8 +12,8 @@ median; cake and FLA interleaved A B B A; copy bandwidth of the same run as roof
 no bias, SiLU, three documents per pack, x as [S, C]. Bytes per element: forward 4 (x read, y
 written), backward 6 (x, dy read, dx written; dweight/dbias and the workspace are under 0.3%),
 fwd+bwd 10. The peer is ``fla.modules.causal_conv1d.causal_conv1d`` (fla-core 0.6.0, Triton,
-``backend="triton"``); Dao-AILab causal-conv1d is not built here (about 15 minutes of build):
-see SPEC section 8 for its figures on the same H200.
+``backend="triton"``); Dao-AILab causal-conv1d is not built here (about 15 minutes of build).
+The protocol and the results files: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ for path in (REPO, REPO / "tools", REPO / "tools" / "bench"):
 
 import harness  # noqa: E402
 
-# (S, C): the issue's shapes; three documents per pack.
+# (S, C): the shapes of docs/families/causal_conv1d.md; three documents per pack.
 SHAPES = [(250340, c) for c in (512, 1024, 2048, 4096, 8192)] + [
     (262144, 1536), (32768, 264), (65536, 384)]
 SMALL = [(32768, 264), (65536, 384)]
@@ -193,15 +193,16 @@ def _entry_calls(lib, x, w, cu, y, dy, dx, dw):
     tokens, channels = x.shape
     stream = torch.cuda.current_stream().cuda_stream
     size = ctypes.c_int64(-1)
-    lib.entry("workspace_bytes")([tokens, channels, ctypes.addressof(size)], 0)
+    lib.entry("workspace_bytes")(0, tokens=tokens, channels=channels, out=ctypes.addressof(size))
     ws = torch.empty(max(size.value, 16), dtype=torch.uint8, device=x.device)
-    docs = cu.numel() - 1
-    forward, backward = lib.entry("forward"), lib.entry("backward")
-    fwd_args = [x.data_ptr(), w.data_ptr(), 0, cu.data_ptr(), y.data_ptr(), tokens, channels,
-                docs, 0, 0]
-    bwd_args = [x.data_ptr(), w.data_ptr(), 0, cu.data_ptr(), dy.data_ptr(), dx.data_ptr(),
-                dw.data_ptr(), 0, ws.data_ptr(), size.value, tokens, channels, docs, 0, 0, 1]
-    return (lambda: forward(fwd_args, stream)), (lambda: backward(bwd_args, stream)), ws
+    sizes = dict(tokens=tokens, channels=channels, num_docs=cu.numel() - 1, doc_len=0,
+                 weight_fp32=0)
+    # Every argument bound once (no per-call values): a call packs nothing, as the list calls did.
+    forward = lib.entry("forward").bind((), x=x, weight=w, bias=None, cu_seqlens=cu, y=y, **sizes)
+    backward = lib.entry("backward").bind(
+        (), x=x, weight=w, bias=None, cu_seqlens=cu, dy=dy, dx=dx, dweight=dw, dbias=None,
+        workspace=ws, workspace_bytes=size.value, grad_fp32=1, **sizes)
+    return (lambda: forward(stream)), (lambda: backward(stream)), ws
 
 
 def run_tune(name: str, *, iters: int, bench: harness.Bench, bandwidth: float):

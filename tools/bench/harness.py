@@ -1,6 +1,6 @@
 """Generic GPU benchmark harness for cake-train families (CUDA events, L2 flush, interleaved peers).
 
-Protocol (METHOD.md / the issue): every measured call is preceded by a write of a 256 MiB
+Protocol (docs/benchmarks.md): every measured call is preceded by a write of a 256 MiB
 buffer (flushing the H200's 60 MB L2), timed alone between two CUDA events, after warm-up; the
 reported figure is the median of many such calls. Peers of one shape run interleaved in one
 process, in A B B A order per round, so that clock or thermal drift hits them alike. The
@@ -296,7 +296,8 @@ def tune_libraries(family, params: Mapping[str, Mapping[str, object]], *, repo: 
 
     specs = tuple(render.Spec(variant={"tune": name}, route={}, params=dict(knobs))
                   for name, knobs in params.items())
-    tuned = render.Family(name=family.name, templates=family.templates, specs=specs)
+    # The family's entries (the programs' declared C entries) and kind come with it.
+    tuned = dataclasses.replace(family, specs=specs)
     manifest, files = render.render_family(tuned, repo)
     root = Path(tempfile.mkdtemp(prefix="cake-tune-"))
     (root / "manifests").mkdir()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Host-side costs of the runtime and of both families' eager calls (issue 3).
+"""Host-side costs of the runtime and of both families' eager calls (docs/benchmarks.md).
 
 Usage (GPU machine, repository root)::
 
@@ -129,10 +129,10 @@ def conv_cases(torch, Identity, IdentityWithWeightGrad):
 
     import cake.cake_causal_conv1d_det_train as conv
     from cake.cake_causal_conv1d_det_train import _function, _routes, _validate
-    from cake.core import host
+    from cake.core import plans
 
     device = torch.device("cuda", 0)
-    programs = host.program_set(_function.__file__)
+    programs = plans.program_set(_function.__file__)
     inputs = []
     for tokens, channels in CONV_SHAPES:
         x = torch.randn(tokens, channels, device=device, dtype=torch.bfloat16)
@@ -140,7 +140,7 @@ def conv_cases(torch, Identity, IdentityWithWeightGrad):
         cu = torch.tensor([0, tokens // 3, 2 * tokens // 3, tokens], device=device,
                           dtype=torch.int32)
         inputs.append((x, w, cu, _validate.validate_inputs(x, w, None, cu, "silu")))
-    _precompile(programs, [_routes.select(programs.manifest, problem, host.device_arch(device))
+    _precompile(programs, [_routes.select(programs.manifest, problem, plans.device_arch(device))
                            for *_, problem in inputs])
     cases = []
     for x, w, cu, problem in inputs:
@@ -150,12 +150,10 @@ def conv_cases(torch, Identity, IdentityWithWeightGrad):
         x_torch = x.t().unsqueeze(0).contiguous().requires_grad_()  # [1, C, S]
         w_torch = w.unsqueeze(1).contiguous().requires_grad_()  # [C, 1, 4]
         dy_torch = dy.t().unsqueeze(0).contiguous()
-        entry_args = [x.data_ptr(), w.data_ptr(), 0, cu.data_ptr(), y.data_ptr(), problem.tokens,
-                      problem.channels, problem.num_docs, problem.doc_len, 0]
-
-        def entry_call(plan=_function._plan(problem), args=entry_args,
-                       stream=host.stream_handle(device)):
-            plan.forward(args, stream)
+        # The plan's forward entry, bound to the problem's sizes: a call passes the tensors.
+        def entry_call(plan=_function._plan(problem), x=x, w=w, cu=cu, y=y,
+                       stream=plans.stream_handle(device)):
+            plan.forward(stream, x, w, None, cu, y)
 
         def both(x=x, w=w, cu=cu, dy=dy):
             conv.cake_causal_conv1d_det_train_forward(x, w, None, cu)
@@ -194,11 +192,12 @@ def rmsnorm_cases(torch, Identity, IdentityWithWeightGrad):
     import torch.nn.functional as F
 
     import cake.cake_rmsnorm_det_train as rms
+    from cake._shared import rmsnorm
     from cake.cake_rmsnorm_det_train import _function
-    from cake.core import host, rmsnorm
+    from cake.core import plans
 
     device = torch.device("cuda", 0)
-    programs = host.program_set(_function.__file__)
+    programs = plans.program_set(_function.__file__)
     inputs = []
     for rows, cols in RMSNORM_SHAPES:
         x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16)
@@ -206,7 +205,7 @@ def rmsnorm_cases(torch, Identity, IdentityWithWeightGrad):
         inputs.append((x, w, rmsnorm.validate_forward(
             x=x, gate=None, weight=w, residual=None, eps=1e-6, weight_offset=0.0, gated=False,
             out=None, residual_out=None, rstd=None)))
-    _precompile(programs, [rmsnorm.select(programs.manifest, problem, host.device_arch(device))
+    _precompile(programs, [rmsnorm.select(programs.manifest, problem, plans.device_arch(device))
                            for *_, problem in inputs])
     cases = []
     for x, w, problem in inputs:
@@ -214,12 +213,11 @@ def rmsnorm_cases(torch, Identity, IdentityWithWeightGrad):
         dy, y = torch.randn_like(x), torch.empty_like(x)
         rstd = torch.empty(rows, device=device, dtype=torch.float32)
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-        entry_args = [x.data_ptr(), 0, 0, w.data_ptr(), y.data_ptr(), 0, rstd.data_ptr(),
-                      problem.rows, problem.cols, 0, rmsnorm.fp32_bits(1e-6), 0]
-
-        def entry_call(plan=_function._PROGRAMS.plan(problem), args=entry_args,
-                       stream=host.stream_handle(device)):
-            plan.forward(args, stream)
+        # The forward entry as the family binds it (rmsnorm.ForwardCall: rows, cols, the weight's
+        # dtype and eps fixed): a call passes the tensors and weight_offset.
+        def entry_call(call=rmsnorm.ForwardCall(_function._PROGRAMS.plan(problem), x, 1e-6), x=x,
+                       w=w, y=y, rstd=rstd, stream=plans.stream_handle(device)):
+            call.launch(stream, x, None, None, w, y, None, rstd, 0.0)
 
         def both(x=x, w=w, dy=dy):
             _, _, rstd = rms.cake_rmsnorm_det_train_forward(x, w)
@@ -251,14 +249,15 @@ def rmsnorm_cases(torch, Identity, IdentityWithWeightGrad):
 def first_load_ms(torch) -> tuple[float, str]:
     """Loading the RMSNorm bf16 vector program (D = 1024) into a fresh program set: dlopen and
     the digest and ABI checks (compiled beforehand by :func:`rmsnorm_cases`)."""
+    from cake._shared import rmsnorm
     from cake.cake_rmsnorm_det_train import _function
-    from cake.core import host, loader, rmsnorm
+    from cake.core import loader, plans
 
     device = torch.device("cuda", 0)
-    programs = host.program_set(_function.__file__)
+    programs = plans.program_set(_function.__file__)
     problem = rmsnorm.Problem(device=device, dtype=torch.bfloat16, rows=8, cols=1024,
                               weight_fp32=False, gated=False, has_residual=False, vector=True)
-    program = rmsnorm.select(programs.manifest, problem, host.device_arch(device))
+    program = rmsnorm.select(programs.manifest, problem, plans.device_arch(device))
     start = time.perf_counter()
     library = loader.ProgramSet(programs.package_dir).library(program, 0)
     return (time.perf_counter() - start) * 1e3, library.origin

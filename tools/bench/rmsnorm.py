@@ -33,9 +33,10 @@ buffers (kernels only), interleaved A B B A per op; the table variant's outputs 
 float64 (sampled rows; dweight in full), every other variant's against the table's (bitwise, or
 within a sanity bound), outputs poisoned before. It prints, per op, % of copy bandwidth per
 variant and shape, the kernels before the shared-memory ring ("prev", from
-``tools/bench/results/2026-11-29-h200-rmsnorm.json``), a copy of the same bytes ("copy@size",
-the small shapes' ceiling under this protocol) and, for bwd and gated fwd (two bytes read for one
-written), an elementwise add of the same bytes ("add@size": that mix's ceiling).
+``tools/bench/results/2026-11-29-h200-rmsnorm.json`` when that file is there: it is in git
+history), a copy of the same bytes ("copy@size", the small shapes' ceiling under this protocol)
+and, for bwd and gated fwd (two bytes read for one written), an elementwise add of the same bytes
+("add@size": that mix's ceiling).
 
 Peers: ``torch.nn.functional.rms_norm`` eager and ``torch.compile``d (gated: ``F.rms_norm(x) *
 F.silu(g)``, eager and compiled), FLA fla-core 0.6.0 ``fla.modules.norm.layernorm.rms_norm``
@@ -484,6 +485,8 @@ GATED_BACKWARD_SHAPE = {**RING_BACKWARD, "CAKE_BACKWARD_STAGES": 3, "CAKE_BACKWA
 # table's 528 at D = 4097 .. 5120, 1188 for bands792 there; with 256-thread CTAs also at D = 2056);
 # the variants' figures measured before then had the knob's count at every D. A variant that
 # leaves a backward knob out takes the band's: at D <= 2048 RMSNorm's registers-path backward.
+# The results/... files the comments below cite are past runs, kept in git history (the tree keeps
+# only the current one per family and GPU: docs/benchmarks.md).
 TUNE_VARIANTS = {
     "table": {},
     "registers": {"CAKE_FORWARD_STAGES": 0, "CAKE_BACKWARD_STAGES": 0, "CAKE_FORWARD_MIN_BLOCKS": 0,
@@ -535,15 +538,15 @@ TUNE_VARIANTS = {
     "bands792": {"CAKE_BACKWARD_BANDS": 792},  # 3 waves for RMSNorm, 6 for the gated family
     # A staged backward CTA's weights staged a pack at a time while its first ring copies are in
     # flight, or an element at a time before them (RMSNorm's table overlaps, the gated one's does
-    # not: 2026-12-02, tools/bench/results/2026-12-02-h200-rmsnorm-backward-staging-ab.txt).
+    # not: 2026-12-02, results/2026-12-02-h200-rmsnorm-backward-staging-ab.txt).
     "bwd_overlap_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 1},
     "bwd_serial_staging": {"CAKE_BACKWARD_OVERLAP_STAGING": 0},
     # The backward's CTAs take the row steps in turn (both tables), or a band of consecutive
-    # rows each (2026-12-02, tools/bench/results/2026-12-02-h200-rmsnorm-backward-interleave-*).
+    # rows each (2026-12-02, results/2026-12-02-h200-rmsnorm-backward-interleave-*).
     "bwd_interleave": {"CAKE_BACKWARD_INTERLEAVE": 1},
     "bwd_bands": {"CAKE_BACKWARD_INTERLEAVE": 0},
     # The row steps in regions of 1/2, 1/4, ..., each taken in turn by a wave of half the bands'
-    # CTAs (CAKE_BACKWARD_GUIDED; the gated table's 1 since 2026-12-02, tools/bench/results/
+    # CTAs (CAKE_BACKWARD_GUIDED; the gated table's 1 since 2026-12-02, results/
     # 2026-12-02-h200-rmsnorm-backward-guided-tune-*.json), and with other band counts.
     "bwd_guided1": {"CAKE_BACKWARD_GUIDED": 1},
     "bwd_guided2": {"CAKE_BACKWARD_GUIDED": 2},
@@ -616,14 +619,14 @@ TUNE_VARIANTS = {
     "bwd_row128": {"CAKE_BACKWARD_MAX_ROW_THREADS": 128},
     "bwd_row64": {"CAKE_BACKWARD_MAX_ROW_THREADS": 64},
     # One-warp rows (no barrier in the row sums): 32 elements a thread from D = 1024 up, one
-    # CTA an SM: 40-74% of copy (tools/bench/results/2026-12-02-h200-rmsnorm-group-barriers-ab.txt).
+    # CTA an SM: 40-74% of copy (results/2026-12-02-h200-rmsnorm-group-barriers-ab.txt).
     "bwd_row32": {"CAKE_BACKWARD_MAX_ROW_THREADS": 32},
     "cta128": {"CAKE_FORWARD_CTA_THREADS": 128, "CAKE_BACKWARD_CTA_THREADS": 128},
     # 512 threads both ways: the table since 2026-12-01 (with its bands), so cta512 repeats it.
     "cta512": {"CAKE_FORWARD_CTA_THREADS": 512, "CAKE_BACKWARD_CTA_THREADS": 512},
     "l2_128": {"CAKE_L2_PREFETCH": 128},
     "l2_256": {"CAKE_L2_PREFETCH": 256},
-    # Forward CTA size (the night's sweeps, tools/bench/results/2026-11-29-h200-rmsnorm-forward-
+    # Forward CTA size (the night's sweeps, results/2026-11-29-h200-rmsnorm-forward-
     # cta-*.json; those runs had one CAKE_CTA_THREADS knob for both directions and families):
     # 512 or 256 threads (the ring programs' table: 512), and weights read through L1 (shared
     # memory left to the ring). On the one-row forwards at D = 4096, fwd_cta512 pairs the 256-thread
@@ -632,7 +635,7 @@ TUNE_VARIANTS = {
     # 32 or 64 rows of 8 threads at D = 128): both families behind their tables' one row step a
     # CTA at 65536 and 262144 x 2048 (by 0.6-8.2 points of copy), RMSNorm's at 1048576 x 128 too
     # (0.4, 0.9), the gated one's there 0.3 ahead in 256-thread CTAs, 0.6 behind in 512
-    # (tools/bench/results/2026-12-04-h200-rmsnorm-paired-one-row-tune.json).
+    # (results/2026-12-04-h200-rmsnorm-paired-one-row-tune.json).
     "fwd_cta256": {"CAKE_FORWARD_CTA_THREADS": 256},
     "fwd_cta512": {"CAKE_FORWARD_CTA_THREADS": 512},
     "fwd_weights_l1_stages3": {"CAKE_FORWARD_WEIGHTS": 2, "CAKE_FORWARD_STAGES": 3},
@@ -662,10 +665,10 @@ TUNE_VARIANTS = {
                           CAKE_FORWARD_MIN_BLOCKS=2),
     # one_row_mb4 at D = 4096 (8 rows an SM instead of 6 at 40 registers; measured as
     # one_row_wide_row256 when a knob bounded the fixed widths): 0.9-1.0 points behind the table
-    # (tools/bench/results/2026-12-02-h200-rmsnorm-dweight-dependent-launch-tune.json). At 32
+    # (results/2026-12-02-h200-rmsnorm-dweight-dependent-launch-tune.json). At 32
     # registers its 128-thread fixed rows spill (D = 4096 runs the 256-thread ones; the tune
     # does not check for spills).
-    # On the one-row forward at D = 4096, with fwd_cta512 (two 256-thread rows a CTA; tools/bench/
+    # On the one-row forward at D = 4096, with fwd_cta512 (two 256-thread rows a CTA;
     # results/2026-12-03-h200-rmsnorm-forward-4096-weights-first-tune1.json) and fwd_rows2,
     # fwd_rows4 above: a CTA's next rows loaded while it writes the current one (2 or 4 rows a
     # CTA, at 40 or 64 registers; ...-forward-4096-rows-tune{1,2}.json): 2.3-4.7 points behind
@@ -674,7 +677,7 @@ TUNE_VARIANTS = {
     # The one-row forwards at 8 elements a thread (rows of 16 threads at D = 128, the heads that
     # QK-norm and GDN's output norm normalise): at 40 registers, or at 32 (16 CTAs of 128 threads
     # an SM; 16 elements a thread spill there) in CTAs of 128 or 256 threads. In one H200 tune of
-    # 2026-12-04 (tools/bench/results/2026-12-04-h200-rmsnorm-head-forward-ept8-tune.json, D = 64
+    # 2026-12-04 (results/2026-12-04-h200-rmsnorm-head-forward-ept8-tune.json, D = 64
     # .. 2048) RMSNorm's table led all three at every D (92.8 / 95.9% of copy at 1048576 /
     # 4194304 x 128 against 92.4 / 95.4 for the best, ept8_mb4); the gated forward at 40 registers
     # (one_row_fwd_ept8) led its table by 0.7 points at D = 128 (98.3 / 101.3%) and was level at
@@ -724,12 +727,11 @@ def tune_programs(variants: dict, cols: int) -> dict:
 
 class TuneCase:
     """Inputs and caller buffers of one shape (bf16 x, g, dy and weight; fp32 rstd and dweight)
-    and closures calling a library's C entries directly (argument layouts:
-    csrc/include/cake/rmsnorm_binding.cuh)."""
+    and closures calling a library's C entries directly (their declared arguments:
+    tools/families/cake_rmsnorm_det_train.py, ENTRIES)."""
 
     def __init__(self, t: int, d: int, libraries: dict):
         import ctypes
-        import struct
 
         import torch
 
@@ -746,28 +748,30 @@ class TuneCase:
         sizes = []
         for pair in libraries.values():
             for library in pair.values():
-                library.entry("workspace_bytes")([t, d, ctypes.addressof(need)], 0)
+                library.entry("workspace_bytes")(0, rows=t, cols=d, out=ctypes.addressof(need))
                 sizes.append(need.value)
         self.ws = torch.empty(max(sizes), device="cuda", dtype=torch.uint8)
-        self.eps_bits = struct.unpack("<i", struct.pack("<f", EPS))[0]
 
     def call(self, library, op: str):
         """A closure running `op` through `library` (plain for fwd/bwd, gated for gated ops)."""
         import torch
 
-        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         gate = self.g if op.startswith("gated") else None
         stream = torch.cuda.current_stream().cuda_stream
+        # Every argument bound once (no per-call values): a call packs nothing, as the list
+        # calls did.
         if op.endswith("fwd"):
-            entry = library.entry("forward")
-            args = [ptr(self.x), 0, ptr(gate), ptr(self.w), ptr(self.y), 0, ptr(self.rstd), self.t,
-                    self.d, 0, self.eps_bits, 0]
+            entry = library.entry("forward").bind(
+                (), x=self.x, residual=None, gate=gate, weight=self.w, y=self.y, residual_out=None,
+                rstd=self.rstd, rows=self.t, cols=self.d, weight_fp32=0, eps=EPS,
+                weight_offset=0.0)
         else:
-            entry = library.entry("backward")
-            args = [ptr(self.x), ptr(gate), ptr(self.w), ptr(self.dy), ptr(self.rstd), 0,
-                    ptr(self.dx), 0, ptr(self.dg if gate is not None else None), ptr(self.ws),
-                    self.ws.numel(), ptr(self.dw), self.t, self.d, 0, 2, 0]
-        return lambda: entry(args, stream)
+            entry = library.entry("backward").bind(
+                (), s=self.x, gate=gate, weight=self.w, dy=self.dy, rstd=self.rstd, dsum=None,
+                dx=self.dx, dresidual=None, dgate=self.dg if gate is not None else None,
+                workspace=self.ws, workspace_bytes=self.ws.numel(), dweight=self.dw, rows=self.t,
+                cols=self.d, weight_fp32=0, dweight_dtype=2, weight_offset=0.0)
+        return lambda: entry(stream)
 
     def outputs(self, gated: bool) -> dict:
         out = {"y": self.y, "rstd": self.rstd, "dx": self.dx, "dweight": self.dw}

@@ -1,0 +1,30 @@
+"""Shared argument checks (``cake.core.checks``) that need no GPU to check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cake.core import checks
+
+
+def test_check_disjoint_reports_the_first_overlap_and_skips_empty_tensors():
+    base = torch.zeros(64)
+    out, other_out = base[:16], base[16:32]
+    checks.check_disjoint({"out": out, "other": other_out}, {"x": base[32:], "none": None,
+                                                             "empty": base[:0]})
+    with pytest.raises(ValueError, match="^out: must not share memory with x$"):
+        checks.check_disjoint({"out": out}, {"x": base[8:24], "y": base})
+    with pytest.raises(ValueError, match="^other: must not share memory with x$"):
+        checks.check_disjoint({"out": out, "other": other_out}, {"x": base[31:40]})
+    with pytest.raises(ValueError, match="^out: must not share memory with other$"):
+        checks.check_disjoint({"out": out, "other": base[15:20]}, {})
+    checks.check_disjoint({"out": torch.zeros(0)}, {"x": base})
+
+
+def test_aligned():
+    buffer = torch.zeros(64, dtype=torch.uint8)
+    assert checks.aligned(buffer, None, buffer[16:])
+    assert not checks.aligned(buffer, buffer[4:])
+    assert checks.aligned(buffer[4:], to=4) and not checks.aligned(buffer[4:], to=8)
+    assert not checks.aligned([0])  # not a tensor: such a call fails its checks anyway
