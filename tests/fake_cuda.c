@@ -12,7 +12,9 @@
  * fake_fail(call, error, after) makes a call fail with `error` once `after` more calls of it
  * succeeded; fake_set_kernels(names) restricts cuLibraryGetKernel to those symbols (newline
  * separated; the others are CUDA_ERROR_NOT_FOUND, as a real image without them);
- * fake_set_current_device(d) makes cuCtxGetDevice answer d (the device of the current context).
+ * fake_set_current_device(d) makes cuCtxGetDevice answer d (the device of the current context);
+ * fake_set_quiet(1) makes cuLaunchKernel count launches (fake_launch_count) instead of recording
+ * them, so that a benchmark of the host path does not time the record's formatting.
  * No CUDA runtime function is defined here: a library that needed one would not load. */
 #include <pthread.h>
 #include <stdarg.h>
@@ -40,6 +42,8 @@ static int fail_error = 0;
 static int fail_after = 0;
 static int device_major = 9, device_minor = 0, device_sms = 132, device_count = 1;
 static int current_device = 0; /* what cuCtxGetDevice answers (fake_set_current_device) */
+static int quiet = 0;          /* launches counted, not recorded (fake_set_quiet) */
+static long launch_count = 0;
 
 static void record(const char* format, ...) {
   char buffer[1024];
@@ -70,8 +74,14 @@ EXPORT void fake_reset(void) {
   fail_error = 0;
   fail_after = 0;
   current_device = 0;
+  quiet = 0;
+  launch_count = 0;
   pthread_mutex_unlock(&lock);
 }
+
+EXPORT void fake_set_quiet(int on) { quiet = on; }
+
+EXPORT long fake_launch_count(void) { return launch_count; }
 
 EXPORT int fake_line_count(void) { return line_count; }
 
@@ -239,6 +249,13 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigne
                                unsigned by, unsigned bz, unsigned smem, void* stream,
                                void** params, void** extra) {
   (void)extra;
+  if (quiet) {
+    pthread_mutex_lock(&lock);
+    CUresult error = failing("cuLaunchKernel");
+    ++launch_count;
+    pthread_mutex_unlock(&lock);
+    return error;
+  }
   char hex[2 * PARAM_BYTES + 1] = "";
   if (params != NULL && params[0] != NULL) {
     const unsigned char* first = (const unsigned char*)params[0];
@@ -246,6 +263,7 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigne
   }
   pthread_mutex_lock(&lock);
   CUresult error = failing("cuLaunchKernel");
+  ++launch_count;
   record("cuLaunchKernel kernel=%s grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%p error=%d "
          "params=%s",
          kernel_name(function), gx, gy, gz, bx, by, bz, smem, stream, error, hex);

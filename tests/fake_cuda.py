@@ -83,10 +83,12 @@ class FakeDriver:
         lib.fake_set_kernels.argtypes = (ctypes.c_char_p,)
         lib.fake_set_device.argtypes = (ctypes.c_int,) * 4
         lib.fake_set_current_device.argtypes = (ctypes.c_int,)
+        lib.fake_set_quiet.argtypes = (ctypes.c_int,)
+        lib.fake_launch_count.restype = ctypes.c_long
 
     def reset(self) -> None:
-        """Forgets the record, any failure and the current device (handles and loaded images
-        stay valid)."""
+        """Forgets the record, any failure, the current device and quiet mode (handles and
+        loaded images stay valid)."""
         self.lib.fake_reset()
         self.lib.fake_set_kernels(None)
 
@@ -118,6 +120,14 @@ class FakeDriver:
     def set_current_device(self, device: int) -> None:
         """The device cuCtxGetDevice reports (the current context's), until the next reset."""
         self.lib.fake_set_current_device(device)
+
+    def set_quiet(self, on: bool = True) -> None:
+        """Launches are counted (:meth:`launch_count`), not recorded, until the next reset."""
+        self.lib.fake_set_quiet(int(on))
+
+    def launch_count(self) -> int:
+        """Launches since the last reset, recorded or not."""
+        return self.lib.fake_launch_count()
 
     def set_kernels(self, names) -> None:
         """Only these kernel symbols exist in the images (None: any)."""

@@ -638,6 +638,24 @@ def test_entry_packs_each_kind_as_declared(fresh, fake):
 
 
 @compiles
+def test_quiet_fake_counts_launches_without_recording_them(fresh, fake):
+    """tools/bench/host_fake_driver.py times calls with the fake quiet: its count must be honest."""
+    scale = fresh(0).entry("scale")
+    scale(0, **scale_arguments())
+    fake.set_quiet()
+    for _ in range(3):
+        scale(0, **scale_arguments())
+    assert fake.launch_count() == 4 and len(fake.launches()) == 1
+    fake.fail("cuLaunchKernel", 701)
+    with pytest.raises(RuntimeError, match=r"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES \(701\)"):
+        scale(0, **scale_arguments())  # a quiet fake still fails on request
+    fake.reset()
+    assert fake.launch_count() == 0
+    scale(0, **scale_arguments())
+    assert len(fake.launches()) == 1  # reset ends quiet mode
+
+
+@compiles
 def test_bind_fixes_the_problem_and_takes_the_rest_per_call(fresh, fake):
     library = fresh(0)
     scale = library.entry("scale")

@@ -10,7 +10,8 @@ geometry, the driver calls), and the fake driver records the launch instead of r
 this times everything a call costs on the host but the GPU runtime's own launch latency, with CPU
 tensors standing in for CUDA ones (their allocation is the CPU allocator's). Per call: the median
 over rounds of the mean of ``--calls`` calls. Not comparable with the H200's figures, which include
-the real driver; compare runs of this script with each other (docs/benchmarks.md).
+the real driver; compare runs of this script with each other (docs/benchmarks.md). The fake
+counts launches without recording them (its record would cost more than the call).
 """
 
 from __future__ import annotations
@@ -80,11 +81,13 @@ def main(argv=None) -> int:
     }
     for function in cases.values():
         function()  # compiles the program (once), loads it
-    fake.reset()
     results = {}
     for name, function in cases.items():
+        fake.reset()
+        fake.set_quiet()  # launches counted, not formatted into the record
         results[name] = per_call_us(function, args.calls)
-        fake.reset()  # the fake's record grows with every launch
+        if fake.launch_count() == 0:
+            raise SystemExit(f"{name}: no launch reached the fake driver")
         print(f"{name:<36} {results[name]:7.2f} us a call", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "calls": args.calls,
