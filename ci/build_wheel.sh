@@ -8,6 +8,13 @@
 #   CAKE_CUDA_ARCHS   arches to prebuild: auto (default: every arch the installed nvcc supports
 #                     among sm_90a, sm_100a, sm_103a), a list such as "sm_90a" (CI), or none
 #                     (a pure py3-none-any wheel; programs compile on first use).
+#   CAKE_WHEEL_HOST   the CPU the wheel is for: native (default: this machine's) or aarch64 (a
+#                     manylinux aarch64 wheel for Grace Hopper / Grace Blackwell, cross-built
+#                     here: host code from $CAKE_CROSS_CXX, default Debian's
+#                     aarch64-linux-gnu-g++; device images from the same nvcc or Triton
+#                     compile as a native build's, byte for byte). An aarch64 wheel is installed
+#                     and self-tested under qemu-aarch64 by ci/aarch64_selftest.sh instead of a
+#                     native venv.
 #   CAKE_WHEEL_TORCH  1 (default): install torch==2.13.0 (its CPU build, which pip takes from
 #                     a local wheel where the machine has one) into the fresh venv first, then
 #                     the wheel with its dependencies, which proves the metadata resolves
@@ -16,21 +23,36 @@
 #
 # The build folder is build/<wheel tag> (pyproject.toml), shared with `pip install .`: after
 # one, this script recompiles nothing. The build's log streams as it goes (ninja's [done/total]
-# lines). Prints the wheel tag, the libraries' sizes against the targets (tools/sizes.py) and the
-# build's parallel efficiency from .ninja_log.
+# lines). Prints the wheel tag, the libraries' ELF checks (tools/check_libraries.py: machine,
+# NEEDED libc alone, glibc symbol versions), the libraries' sizes against the targets
+# (tools/sizes.py) and the build's parallel efficiency from .ninja_log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 out=$(mkdir -p "${1:-dist}" && cd "${1:-dist}" && pwd)
 export CAKE_CUDA_ARCHS="${CAKE_CUDA_ARCHS:-auto}"
 torch_too="${CAKE_WHEEL_TORCH:-1}"
+host="${CAKE_WHEEL_HOST:-native}"
 python=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 say() { printf 'build_wheel: %s\n' "$*"; }
 
 # --------------------------------------------------------------------------- build
-say "building the wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
+case "$host" in
+  native) machine=$(uname -m) ;;
+  aarch64)
+    machine=aarch64
+    export CXX="${CAKE_CROSS_CXX:-aarch64-linux-gnu-g++}"
+    if ! command -v "$CXX" >/dev/null; then
+      say "$CXX not found: install Debian's g++-aarch64-linux-gnu or set CAKE_CROSS_CXX"
+      exit 1
+    fi
+    # The wheel's platform tag (scikit-build-core reads it; build/<tag> keeps the builds apart).
+    export _PYTHON_HOST_PLATFORM=linux-aarch64 ;;
+  *) say "CAKE_WHEEL_HOST must be native or aarch64, got '$host'"; exit 1 ;;
+esac
+say "building the $machine wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
 start=$(date +%s.%N)
 set +e
 "$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v 2>&1 | tee "$work/build.log" \
@@ -46,6 +68,10 @@ build_s=$("$python" -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv
   "$start" "$(date +%s.%N)")
 raw=$(ls "$work"/raw/cake_train-*.whl)
 say "built $(basename "$raw") in ${build_s} s"
+case "$(basename "$raw")" in
+  *-none-any.whl|*_"$machine".whl) ;;
+  *) say "the wheel is not tagged for $machine: $(basename "$raw")"; exit 1 ;;
+esac
 
 # --------------------------------------------------------------------------- repair
 "$python" -m venv "$work/tools"
@@ -76,7 +102,23 @@ if os.path.getsize(sys.argv[1]) > 100 * 1000 * 1000:
     sys.exit("build_wheel: the wheel is over PyPI's default 100 MB limit")
 EOF
 
+if "$python" -m zipfile -l "$wheel" | grep '\.so ' >/dev/null; then
+  "$python" "$repo/tools/check_libraries.py" --machine "$machine" "$wheel"
+fi
+if [ "$host" = aarch64 ]; then
+  # The device images of both builds (build/<tag>/images): the same compile, the same bytes.
+  "$python" "$repo/tools/compare_images.py" "$repo/build/py3-none-linux_x86_64/images" \
+    "$repo/build/py3-none-linux_aarch64/images"
+fi
+
 # --------------------------------------------------------------------------- install + check
+if [ "$host" = aarch64 ]; then
+  # No aarch64 CPU here: install and self-test under qemu-aarch64 with an arm64 Python.
+  bash "$repo/ci/aarch64_selftest.sh" "$wheel"
+  "$python" "$repo/tools/sizes.py" "$wheel" || say "a size target is missed (above)"
+  say "ok: $wheel"
+  exit 0
+fi
 "$python" -m venv "$work/venv"
 pip_venv=("$work/venv/bin/python" -m pip install --quiet)
 if [ "$torch_too" = 1 ]; then

@@ -2,8 +2,9 @@
 
 Cache entries live at ``$CAKE_CACHE_DIR/<arch>/<toolchain>/<digest>/<library>_<arch>.so``
 (default ``~/.cache/cake``, created with mode 0700), where ``<toolchain>`` names the compilers,
-their versions and a hash of the build flags (``nvcc-13.0.88-c++-12.2.0-<hash>``;
-``triton-3.9.0-ptxas-13.0.88-c++-12.2.0-<hash>``), with the library's sha256 beside it
+their versions, the host's machine and a hash of the build flags
+(``nvcc-13.0.88-x86_64-c++-12.2.0-<hash>``; ``triton-3.9.0-ptxas-13.0.88-aarch64-c++-12.2.0-<hash>``:
+x86_64 and Grace nodes sharing a home folder keep apart entries), with the library's sha256 beside it
 (``.so.sha256``). The cache is used only when this user owns
 it and nobody else can write to it (:func:`trust.check_private`). A compile holds an exclusive
 ``flock`` on the entry's lock file (opened without following links), which the kernel releases
@@ -19,6 +20,7 @@ import fcntl
 import functools
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -80,7 +82,7 @@ def toolchain_key(program: mf.Program) -> str:
     """The compilers a cached library was built with and a hash of the build's flags, as a
     folder name: a cake-train that builds otherwise never loads another's library."""
     cxx = tc.find_cxx()
-    host = f"c++-{compiler_version(cxx)}-{tc.flags_hash()}"
+    host = f"{platform.machine()}-c++-{compiler_version(cxx)}-{tc.flags_hash()}"
     if program.kind == "triton":
         ptxas = tc.find_ptxas()
         assembler = f"ptxas-{compiler_version(ptxas)}" if ptxas else "ptxas-triton"

@@ -16,6 +16,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -219,16 +220,16 @@ def test_jit_compiles_into_an_empty_cache_once(package, capfd):
 
 @compiles
 def test_the_cache_is_keyed_by_arch_toolchain_and_digest(toy_build, toy_jit_cache):
-    """<cache>/<arch>/nvcc-<version>-c++-<version>-<flags hash>/<digest>/<library>_<arch>.so
-    with its sha256 beside it, one entry per program, and nothing else left in an entry but its
-    lock."""
+    """<cache>/<arch>/nvcc-<version>-<machine>-c++-<version>-<flags hash>/<digest>/
+    <library>_<arch>.so with its sha256 beside it, one entry per program, and nothing else left
+    in an entry but its lock."""
     manifest, paths = toy_build
     for program in manifest.programs:
         path = paths[program.library]
         relative = path.relative_to(toy_jit_cache)
         assert relative.parts[0] == ARCH and relative.parts[2] == program.digest
-        assert re.fullmatch(r"nvcc-\d+\.\d+\.\d+-c\+\+-\d+\.\d+\.\d+-[0-9a-f]{8}",
-                            relative.parts[1])
+        assert re.fullmatch(rf"nvcc-\d+\.\d+\.\d+-{platform.machine()}-c\+\+-\d+\.\d+\.\d+-"
+                            r"[0-9a-f]{8}", relative.parts[1])
         assert relative.parts[1].endswith(f"-{toolchain.flags_hash()}")
         assert relative.parts[3] == f"{program.library}_{ARCH}.so"
         record = path.with_name(path.name + ".sha256")

@@ -23,6 +23,22 @@
 
 #include "cake/program.h"
 
+// Bind dlopen/dlsym/dlerror to glibc's oldest versions of them, not to the GLIBC_2.34 ones that
+// a build on a newer glibc picks (glibc 2.34 moved them from libdl into libc): with this the
+// library's newest glibc symbol is GLIBC_2.2.5 (x86_64) or GLIBC_2.17 (aarch64), so its wheel
+// can be manylinux_2_28 like torch's. Before glibc 2.34 these versions live in libdl.so.2,
+// which every CPython on such a glibc has loaded; from 2.34 on, libc.so.6 still exports them.
+#if defined(__x86_64__)
+#define CAKE_GLIBC_BASE_VERSION "GLIBC_2.2.5"
+#elif defined(__aarch64__)
+#define CAKE_GLIBC_BASE_VERSION "GLIBC_2.17"
+#endif
+#ifdef CAKE_GLIBC_BASE_VERSION
+__asm__(".symver dlopen,dlopen@" CAKE_GLIBC_BASE_VERSION);
+__asm__(".symver dlsym,dlsym@" CAKE_GLIBC_BASE_VERSION);
+__asm__(".symver dlerror,dlerror@" CAKE_GLIBC_BASE_VERSION);
+#endif
+
 namespace cake {
 
 // The few driver types and constants used here (values from the CUDA driver API, cuda.h).

@@ -74,7 +74,7 @@ struct Config {
   static constexpr int kBackwardGuided = CAKE_BACKWARD_GUIDED;
 };
 static_assert(cake::rmsnorm::valid_config<Config>(),
-              "tuning knobs out of range (see the Config requirements in cake/rmsnorm_common.cuh)");
+              "tuning knobs out of range (see the Config requirements in cake/rmsnorm/common.h)");
 
 // CTAs an SM in each instance's launch bound: the knob's, except for the widest staged instances
 // (32 elements a thread), which need up to 128 registers a thread: one CTA; and the forward's

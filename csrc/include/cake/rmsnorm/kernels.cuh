@@ -119,8 +119,8 @@ __device__ __forceinline__ Pack<T> zero_pack() {
 
 // The pack at `p` with `valid` (>= 1) elements left in its row. Aligned: one 16-byte load with
 // the default cache policy and the L2 prefetch size hint kL2 (the evict-first form, ld.global.cs,
-// measured level to 2.4 points of copy bandwidth slower in the one-row forward on the H200:
-// tools/bench/results/2026-12-02-h200-rmsnorm-cache-hints-tune.json); unaligned: element loads
+// measured level to 2.4 points of copy bandwidth slower in the one-row forward on the H200,
+// 2026-12-02); unaligned: element loads
 // through L1 (a warp's loads of one pack element touch every line its next ones need), zeros past
 // the row.
 template <typename T, bool kAligned, int kL2 = 0>
@@ -330,8 +330,8 @@ class GroupSum {
 };
 
 // Whether a backward instance's row sums take named barriers (GroupSum): its fixed-width rows
-// of 64 or 128 threads, 4 or more row groups a CTA. On the H200 (2026-12-02, tools/bench/
-// results/2026-12-02-h200-rmsnorm-group-barriers-ab.txt) named barriers measured +1.2..2.5
+// of 64 or 128 threads, 4 or more row groups a CTA. On the H200 (2026-12-02, A/B runs of
+// tools/bench/rmsnorm.py) named barriers measured +1.2..2.5
 // points of copy in RMSNorm's backward at T = 65536 and D = 1024, 2048 in three runs, but 0.4-3
 // behind at D = 4096 (2 groups) and 8192 (1), and cost the one-row forward (up to 16 CTAs an SM)
 // up to 36 points: there the CTA's barrier stays.
@@ -1253,8 +1253,7 @@ __device__ __forceinline__ void backward_staged(const BackwardParams& p) {
   char* smem = reinterpret_cast<char*>(dynamic_smem);
   // With Cfg::kBackwardOverlapStaging the weights are staged a pack at a time once the ring's
   // first copies are on their way: every CTA of the first wave starts at once, and staging first,
-  // an element at a time, left DRAM idle for 1-10 us (tools/bench/results/2026-12-02-h200-
-  // rmsnorm-backward-bands-ab.txt).
+  // an element at a time, left DRAM idle for 1-10 us (H200 timelines, 2026-12-02).
   constexpr bool kOverlapStaging = Cfg::kBackwardOverlapStaging != 0 &&
                                    weight_source<T, kAligned, kEpt, kGated, Cfg, true>() == WeightSource::kShared;
   const W weights(reinterpret_cast<float*>(smem), p.weight, p.weight_fp32, p.weight_offset, cols, tpr, lane,
