@@ -39,6 +39,7 @@ trap 'rm -rf "$work"' EXIT
 say() { printf 'build_wheel: %s\n' "$*"; }
 
 # --------------------------------------------------------------------------- build
+pip_wheel=("$python" -m pip wheel)
 case "$host" in
   native) machine=$(uname -m) ;;
   aarch64)
@@ -48,14 +49,25 @@ case "$host" in
       say "$CXX not found: install Debian's g++-aarch64-linux-gnu or set CAKE_CROSS_CXX"
       exit 1
     fi
-    # The wheel's platform tag (scikit-build-core reads it; build/<tag> keeps the builds apart).
-    export _PYTHON_HOST_PLATFORM=linux-aarch64 ;;
+    # The wheel's platform tag: scikit-build-core reads _PYTHON_HOST_PLATFORM (and build/<tag>
+    # keeps the two builds apart). pip reads it too and would fetch aarch64 CMake and ninja for
+    # an isolated build environment, so the build requirements go into a native venv first.
+    say "installing the build requirements (pyproject.toml) into a native build environment"
+    "$python" -m venv "$work/buildenv"
+    "$python" - "$repo/pyproject.toml" > "$work/build-requirements.txt" <<'EOF'
+import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))
+EOF
+    "$work/buildenv/bin/python" -m pip install --quiet -r "$work/build-requirements.txt" \
+      "cmake>=3.26" "ninja>=1.10"
+    pip_wheel=(env _PYTHON_HOST_PLATFORM=linux-aarch64 PATH="$work/buildenv/bin:$PATH"
+               "$work/buildenv/bin/python" -m pip wheel --no-build-isolation) ;;
   *) say "CAKE_WHEEL_HOST must be native or aarch64, got '$host'"; exit 1 ;;
 esac
 say "building the $machine wheel for CAKE_CUDA_ARCHS=$CAKE_CUDA_ARCHS ($(nproc) cores)"
 start=$(date +%s.%N)
 set +e
-"$python" -m pip wheel "$repo" --no-deps --wheel-dir "$work/raw" -v 2>&1 | tee "$work/build.log" \
+"${pip_wheel[@]}" "$repo" --no-deps --wheel-dir "$work/raw" -v 2>&1 | tee "$work/build.log" \
   | grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\]|rror|cake-train:'
 built=${PIPESTATUS[0]}
 set -e
