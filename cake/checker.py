@@ -9,6 +9,7 @@ Exit status: 0 clean, 1 findings, 2 usage or I/O error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,11 +25,27 @@ class UsageError(Exception):
     """A wrong argument or an I/O problem: exit 2 with one line."""
 
 
+@dataclasses.dataclass
+class Work:
+    """What the checks of source texts did, counted as they go: the texts scanned and the
+    scans' operations (:attr:`~cake.core.manifest.Scan.operations`). Tests count it to show the
+    work grows linearly with the input (tests/check/test_linear_scans.py)."""
+
+    scans: int = 0
+    operations: int = 0
+
+    def add(self, scan: mf.Scan) -> mf.Scan:
+        self.scans += 1
+        self.operations += scan.operations
+        return scan
+
+
 # --------------------------------------------------------------------------- checks
 
 
-def check_tree(tree: PackageTree) -> tuple[list[Finding], int]:
-    """All findings for one package tree, and the number of programs it lists."""
+def check_tree(tree: PackageTree, work: Work | None = None) -> tuple[list[Finding], int]:
+    """All findings for one package tree, and the number of programs it lists; ``work``, if
+    given, counts the scans of source texts."""
     manifests = []
     findings: list[Finding] = list(_linked_folders(tree))
     for path in tree.manifest_paths():
@@ -36,7 +53,7 @@ def check_tree(tree: PackageTree) -> tuple[list[Finding], int]:
             manifests.append((str(path), mf.parse(_read(path), str(path))))
         except mf.ManifestError as exc:
             findings.extend(exc.findings)
-    checked = _TreeCheck(tree)
+    checked = _TreeCheck(tree, Work() if work is None else work)
     for path, manifest in manifests:
         findings.extend(checked.manifest(path, manifest))
     if len(manifests) == len(list(tree.manifest_paths())):
@@ -84,8 +101,9 @@ def check_libraries(tree: PackageTree) -> Iterator[Finding]:
 class _TreeCheck:
     """Checks the manifests of one tree, remembering what they list for the orphan check."""
 
-    def __init__(self, tree: PackageTree):
+    def __init__(self, tree: PackageTree, work: Work):
         self.tree = tree
+        self.work = work
         self.listed: set[str] = set()
         self.digests: set[str] = set()
         self.libraries: set[str] = set()
@@ -156,8 +174,9 @@ class _TreeCheck:
             if data is not None and not any(p.code == "CM304" for p in source_problems):
                 texts[source.role] = data
         if len(texts) == len(program.sources):
-            problems.extend(_symbol_problems(path, field, program, texts))
-            problems.extend(_include_problems(path, field, program, texts))
+            scans = _scans(program, texts, self.work)
+            problems.extend(_symbol_problems(path, field, program, texts, scans, self.work))
+            problems.extend(_include_problems(path, field, program, scans))
         yield from problems
         if not problems and all(header_ok.get(h) for h in program.headers):
             recomputed = recompute_digest(program, manifest, texts)
@@ -227,49 +246,66 @@ def _path_problem(base: Path, relative: str) -> tuple[str, str] | None:
     return None
 
 
-def _symbol_problems(path: str, field: str, program: Program,
-                     texts: dict) -> Iterator[Finding]:
+def _scans(program: Program, texts: dict, work: Work) -> dict:
+    """Each source's :func:`~cake.core.manifest.scan`, once: role -> (C++ scan: entries and
+    includes, kernels of a CUDA program; kernels of a Triton program's source or None)."""
+    scans = {}
+    for role, data in texts.items():
+        text = data.decode("utf-8", "replace")
+        cuda = work.add(mf.scan(text))
+        triton = (work.add(mf.scan(text, "triton"))
+                  if program.kind == "triton" and role != "binding" else None)
+        scans[role] = (cuda, triton)
+    return scans
+
+
+def _symbol_problems(path: str, field: str, program: Program, texts: dict, scans: dict,
+                     work: Work) -> Iterator[Finding]:
     library = program.library
     if "binding" not in texts:
         return  # CM206 says the binding is missing; its exports cannot be checked
-    binding = texts["binding"].decode("utf-8", "replace")
-    exported = mf.entry_symbols(binding)
+    binding_scan = scans["binding"][0]
+    exported = binding_scan.entries
     declared = [f"{library}_{name}" for name in mf.IDENTITY_EXPORTS]
     declared += [f"{library}_{entry.name}" for entry in program.entries]
+    exported_set, declared_set = set(exported), set(declared)
     for symbol in declared:
-        if symbol not in exported:
+        if symbol not in exported_set:
             yield Finding(path, f"{field}.entries", "CM308",
                           f"the binding does not export {symbol}")
     for symbol in exported:
-        if symbol not in declared:
+        if symbol not in declared_set:
             yield Finding(path, f"{field}.entries", "CM308",
                           f"the binding exports {symbol}, which the manifest does not declare")
-    if mf.rendered_entries(binding) != program.entries:
+    binding = texts["binding"].decode("utf-8", "replace")
+    if mf.rendered_entries(binding, work) != program.entries:
         yield Finding(path, f"{field}.entries", "CM309",
                       "the binding's '// cake:entries' block does not declare these entries")
     kernel_name = "kernel_" + library
     defined = []
-    for role, data in texts.items():
+    for role, (cuda, triton) in scans.items():
         if role != "binding":
-            defined += mf.kernel_symbols(data.decode("utf-8", "replace"), program.kind)
+            defined += (triton or cuda).kernels
+    defined_set, listed_set = set(defined), set(program.kernels)
     for j, symbol in enumerate(program.kernels):
         if symbol != kernel_name and not symbol.startswith(kernel_name + "_"):
             yield Finding(path, f"{field}.kernels[{j}]", "CM306",
                           f"kernel {symbol} does not start with {kernel_name}")
-        elif symbol not in defined:
+        elif symbol not in defined_set:
             yield Finding(path, f"{field}.kernels[{j}]", "CM306",
                           f"kernel {symbol} is not defined by a kernel source")
     for name in defined:
-        if name not in program.kernels:
+        if name not in listed_set:
             yield Finding(path, f"{field}.kernels", "CM306",
                           f"kernel {name} of a kernel source is not a listed kernel")
 
 
 def _include_problems(path: str, field: str, program: Program,
-                      texts: dict) -> Iterator[Finding]:
-    for role, data in sorted(texts.items()):
-        for name in mf.included_headers(data.decode("utf-8", "replace")):
-            if name not in program.headers:
+                      scans: dict) -> Iterator[Finding]:
+    listed = set(program.headers)
+    for role, (cuda, _) in sorted(scans.items(), key=lambda item: item[0]):
+        for name in cuda.includes:
+            if name not in listed:
                 yield Finding(path, f"{field}.headers", "CM603",
                               f"{role} source includes {name}, which the program does not list")
 

@@ -163,7 +163,9 @@ def test_hide_host_reports_the_flushes_it_needed_and_refuses_a_call_it_cannot_hi
     timing = bench.interleaved({"call": stream.call}, warmup=0, iters=3, hide_host=True)["call"]
     assert timing.samples == [stream.DEVICE_US / 1e3] * 3 and timing.flushes == 1
     bench, stream = _modelled_bench(host_us=(harness.MAX_COVER_FLUSHES + 1) * _Stream.FLUSH_US)
-    with pytest.raises(harness.HostNotHidden):
+    with pytest.raises(harness.HostNotHidden, match=r"^the device reached the call before its "
+                                                    rf"host path ended, even behind "
+                                                    rf"{harness.MAX_COVER_FLUSHES} flushes"):
         bench.once(stream.call, hide_host=True)
 
 

@@ -216,7 +216,7 @@ def plan_text(families: Sequence[Family], arches: Sequence[str], layout: str,
                     output=f"{output}.tmp")
                 if len(steps) > MAX_STEPS:
                     raise PlanError(f"{program.library}: {len(steps)} build steps, at most "
-                                    f"{MAX_STEPS} (one a kernel source and the binding)")
+                                    f"{MAX_STEPS} (one a kernel source, and the binding)")
                 body.append(
                     f"cake_add_program({program.library} ARCH {arch} DIGEST {program.digest}"
                     f" PACKAGE {family.name} OUTPUT {cmake_quote(output)}\n"
@@ -240,8 +240,8 @@ def plan_text(families: Sequence[Family], arches: Sequence[str], layout: str,
     return "\n".join(lines + body) + "\n"
 
 
-# cake_add_program's STEP1 .. STEP<MAX_STEPS> keywords (CMakeLists.txt).
-MAX_STEPS = 9
+# cake_add_program's STEP1 .. STEP<MAX_STEPS> keywords (CMakeLists.txt's CAKE_MAX_STEPS).
+MAX_STEPS = 32
 
 
 # --------------------------------------------------------------------------- command line

@@ -25,8 +25,10 @@ with a manifest in ``manifests/`` and a package in ``cake/``) becomes ``DIR/<nam
 * ``build.json``: the manifest with only ``package`` rewritten to ``PREFIX.<name>``;
 * ``csrc/``: the sources the manifest lists and ``csrc/include/<header>`` for its headers,
   bytes unchanged (test-only programs of ``manifests/<name>.test.json`` are not vendored);
-* ``VENDORED.json``: the source package, the cake-train version, the sha256 of the upstream
-  manifest's canonical text and every file written with its sha256 (see :mod:`cake.vendored`).
+* ``VENDORED.json``: the source package, the cake-train version and git commit (of ``ROOT``
+  when it is a git checkout; uncommitted changes are not recorded), the sha256 of the upstream
+  manifest's canonical text and every file written with its sha256 (see
+  :mod:`cake.vendor_plan`).
 
 Re-running is idempotent: unchanged files are not touched. A file is overwritten or removed
 only when the previous run's ``VENDORED.json`` lists it with the bytes it still has; a file
@@ -34,14 +36,14 @@ the tool did not write, or one edited since, stops the run (exit 1) unless ``--f
 ``PREFIX`` must be the package that ``DIR`` is in the host (``DIR/__init__.py`` and the
 folders above it), so the vendored copy checks clean and imports as ``PREFIX.<name>``.
 Every family must pass ``check_manifests`` before it is copied, and the copy must pass
-``check_manifests --vendored-gate`` after. Exit status: 0 done, 1 refused or findings,
-2 usage or I/O error.
+``check_manifests --vendored-gate`` after, compared with ``ROOT`` (the gate of a host compares
+it with the cake-train it runs from). What is written is :func:`cake.vendor_plan.plan`, which
+the gate recomputes. Exit status: 0 done, 1 refused or findings, 2 usage or I/O error.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 import shutil
 import sys
@@ -52,210 +54,25 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import cake  # noqa: E402
 from cake import checker, vendored  # noqa: E402
 from cake.core import manifest as mf  # noqa: E402
-
-CORE = "core"
-SHARED = "_shared"
-# The runtime packages a family module may import (the rewrite moves them one level in).
-_RUNTIME = (CORE, SHARED)
-# Names the vendored layout uses next to the family's own modules.
-_RESERVED = {CORE, SHARED, "csrc", "lib", mf.MANIFEST_NAME, mf.TEST_MANIFEST_NAME,
-             vendored.SIDECAR_NAME}
-_SKIPPED_DIRS = {"__pycache__"}
-_SKIPPED_SUFFIXES = {".pyc", ".pyo", ".so"}
-
-
-class VendorError(Exception):
-    """Something the maintainer must fix; exit 1 with the message."""
+from cake.vendor_plan import (SIDECAR_NAME, Plan, SidecarError, Upstream,  # noqa: E402
+                              VendorError, kcp_base, plan, read_sidecar)
 
 
 class UsageError(Exception):
     """A wrong argument or an I/O problem; exit 2 with the message."""
 
 
-# --------------------------------------------------------------------------- import rewrite
-
-
-def rewrite_core_imports(text: str, path: str, depth: int) -> str:
-    """``from ..core`` -> ``from .core`` (and ``from .._shared`` -> ``from ._shared``) in one
-    family module, ``depth`` folders below the family.
-
-    Every other import that leaves the family package (or names ``cake``) raises
-    :class:`VendorError` naming the file and line.
-    """
-    try:
-        tree = ast.parse(text, path)
-    except SyntaxError as exc:
-        raise VendorError(f"{path}:{exc.lineno}: cannot parse: {exc.msg}") from None
-    up = depth + 2  # the dots that reach cake/ from this file
-    core_dots = "." * up + CORE
-    edits = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == mf.REPO_PACKAGE:
-                    raise _other_cake_import(path, node.lineno, f"import {alias.name}", core_dots)
-        elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level == 0 and module.split(".")[0] == mf.REPO_PACKAGE:
-                raise _other_cake_import(path, node.lineno, f"from {module}", core_dots)
-            if node.level < up:
-                continue  # inside the family package
-            # A shared module by name (from .._shared.<module> import ..., or
-            # from .._shared import <module>, ...), never the folder's * .
-            if node.level == up and module.split(".")[0] in _RUNTIME and (
-                    module != SHARED or all(alias.name != "*" for alias in node.names)):
-                edits.append(node)
-            else:
-                raise _other_cake_import(path, node.lineno,
-                                         f"from {'.' * node.level}{module}", core_dots)
-    if not edits:
-        return text
-    lines = text.splitlines(keepends=True)
-    pattern = re.compile(rb"from(\s+)" + re.escape(b"." * up) + rb"(core|_shared)\b")
-    # Right to left, so that an earlier edit never moves a later one's column.
-    for node in sorted(edits, key=lambda n: (n.lineno, n.col_offset), reverse=True):
-        line = lines[node.lineno - 1].encode()
-        match = pattern.match(line, node.col_offset)
-        if match is None:
-            raise VendorError(f"{path}:{node.lineno}: cannot rewrite this import of {core_dots} "
-                              f"(write it on one line as 'from {core_dots} import ...')")
-        replacement = b"from" + match.group(1) + b"." * (up - 1) + match.group(2)
-        lines[node.lineno - 1] = (line[:match.start()] + replacement
-                                  + line[match.end():]).decode()
-    rewritten = "".join(lines)
-    _check_rewrite(tree, ast.parse(rewritten, path), path)
-    return rewritten
-
-
-def _other_cake_import(path: str, line: int, what: str, core_dots: str) -> VendorError:
-    return VendorError(f"{path}:{line}: '{what}' reaches cake-train outside the family; a "
-                       f"family module may import the shared runtime only as "
-                       f"'from {core_dots} import ...' (vendoring rewrites exactly that)")
-
-
-def _check_rewrite(before: ast.AST, after: ast.AST, path: str) -> None:
-    """The rewrite changed nothing but the level of the ``core`` imports, by one."""
-    old = [n for n in ast.walk(before) if isinstance(n, ast.ImportFrom)]
-    new = [n for n in ast.walk(after) if isinstance(n, ast.ImportFrom)]
-    changed = [(a.module, b.module, a.level - b.level) for a, b in zip(old, new)
-               if (a.module, a.level) != (b.module, b.level)]
-    if len(old) != len(new) or any(m != n or d != 1 for m, n, d in changed):
-        raise VendorError(f"{path}: the import rewrite changed more than 'from ..core' "
-                          "(please report this as a cake-train bug)")
-
-
-def _check_core_imports(text: str, path: str, depth: int, allowed: str | None = None) -> None:
-    """``cake/core`` must import only itself (a shared module: itself and ``allowed``,
-    ``..core``): both are copied verbatim."""
-    for node in ast.walk(ast.parse(text, path)):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level > depth + 1:
-                names = ["." * node.level + (node.module or "")]
-            elif node.level == 0:
-                names = [node.module or ""]
-        for name in names:
-            if allowed and (name == allowed or name.startswith(allowed + ".")):
-                continue
-            if name.startswith(".") or name.split(".")[0] == mf.REPO_PACKAGE:
-                raise VendorError(f"{path}:{node.lineno}: {path} imports {name}; it is copied "
-                                  "verbatim into each vendored package, so it may import only "
-                                  "itself (relatively), ..core (a shared module), the standard "
-                                  "library, torch and triton")
-
-
-def _shared_modules(text: str, path: str) -> list[str]:
-    """The ``cake/_shared`` modules one family module imports (``from .._shared.<name> import
-    ...`` or ``from .._shared import <name>, ...``)."""
-    found = []
-    for node in ast.walk(ast.parse(text, path)):
-        if isinstance(node, ast.ImportFrom) and node.level > 0:
-            module = node.module or ""
-            if module.startswith(SHARED + "."):
-                found.append(module.split(".")[1])
-            elif module == SHARED:
-                found.extend(alias.name for alias in node.names)
-    return found
-
-
 # --------------------------------------------------------------------------- the copy
 
 
-def family_names(root: Path) -> list[str]:
-    """Families with a manifest and a package: what is vendored when no --package is given."""
-    return [name for name in mf.repository_families(root)
-            if (root / mf.REPO_PACKAGE / name / "__init__.py").is_file()]
-
-
-def planned_files(root: Path, name: str, package: str) -> tuple[dict[str, bytes], str]:
-    """(package-relative path -> bytes, upstream manifest sha256) for one vendored family."""
-    tree = mf.repository_tree(root, name)
-    findings, _ = checker.check_tree(tree)
-    if findings:
-        raise VendorError(f"{tree.owner} fails check_manifests, so it is not vendored:\n  "
-                          + "\n  ".join(str(f) for f in sorted(findings)))
-    manifest = mf.read(tree.manifest_path)
-    files: dict[str, bytes] = {}
-    family_dir = root / mf.REPO_PACKAGE / name
-    shared: list[str] = []
-    for relative, path in _module_files(family_dir):
-        if relative.parts[0] in _RESERVED:
-            raise VendorError(f"{path}: the name {relative.parts[0]!r} is taken by the vendored "
-                              "layout (core/, _shared/, csrc/, lib/, build.json, VENDORED.json)")
-        data = path.read_bytes()
-        if path.suffix == ".py":
-            text = data.decode("utf-8")
-            shared += _shared_modules(text, str(path))
-            data = rewrite_core_imports(text, str(path), len(relative.parts) - 1).encode("utf-8")
-        files[relative.as_posix()] = data
-    if shared:
-        for module in ["__init__", *dict.fromkeys(shared)]:
-            path = root / mf.REPO_PACKAGE / SHARED / f"{module}.py"
-            if not path.is_file():
-                raise VendorError(f"{path}: a family imports it, and it does not exist")
-            data = path.read_bytes()
-            _check_core_imports(data.decode("utf-8"), str(path), 0, allowed="..core")
-            files[f"{SHARED}/{module}.py"] = data
-    for relative, path in _module_files(root / mf.REPO_PACKAGE / CORE):
-        data = path.read_bytes()
-        if path.suffix == ".py":
-            _check_core_imports(data.decode("utf-8"), str(path), len(relative.parts) - 1)
-        files[f"{CORE}/{relative.as_posix()}"] = data
-    files[mf.MANIFEST_NAME] = mf.to_json(mf.with_package(manifest, package)).encode()
-    for program in manifest.programs:
-        for source in program.sources:
-            files[f"csrc/{source.path}"] = tree.source_path(source).read_bytes()
-    for header in manifest.headers:
-        files[f"csrc/include/{header.path}"] = tree.header_path(header.path).read_bytes()
-    upstream = mf.sha256_hex(mf.to_json(manifest).encode())
-    return files, upstream
-
-
-def _module_files(directory: Path) -> list[tuple[PurePosixPath, Path]]:
-    if not (directory / "__init__.py").is_file():
-        raise VendorError(f"{directory}: not a Python package (no __init__.py)")
-    found = []
-    for path in sorted(directory.rglob("*")):
-        relative = PurePosixPath(path.relative_to(directory).as_posix())
-        if path.is_symlink():
-            raise VendorError(f"{path}: a symbolic link; vendoring copies regular files only")
-        if (path.is_file() and path.suffix not in _SKIPPED_SUFFIXES
-                and not _SKIPPED_DIRS & set(relative.parts)):
-            found.append((relative, path))
-    return found
-
-
-def vendor_package(target: Path, files: dict[str, bytes], sidecar: vendored.Sidecar,
-                   force: bool) -> tuple[int, int, int]:
+def vendor_package(target: Path, planned: Plan, force: bool) -> tuple[int, int, int]:
     """Writes one vendored package; returns (written, unchanged, removed) file counts."""
+    files = planned.files
     try:
-        previous = vendored.read_sidecar(target)
-    except vendored.SidecarError as exc:
+        previous = read_sidecar(target)
+    except SidecarError as exc:
         if not force:
             raise VendorError(f"{exc}; pass --force to rewrite the package") from None
         previous = None
@@ -297,7 +114,7 @@ def vendor_package(target: Path, files: dict[str, bytes], sidecar: vendored.Side
             folder = target / parent
             if folder != target and folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
-    mf.write_if_changed(target / vendored.SIDECAR_NAME, sidecar.to_json().encode())
+    mf.write_if_changed(target / SIDECAR_NAME, planned.sidecar.to_json().encode())
     return written, unchanged, removed
 
 
@@ -325,31 +142,29 @@ def vendor(root: Path, into: Path, prefix: str, names: Sequence[str],
            force: bool) -> list[str]:
     """Vendors the families; returns one report line each. Raises VendorError/UsageError."""
     check_prefix(into, prefix)
-    available = mf.repository_families(root)
+    try:
+        upstream = Upstream.at(root / mf.REPO_PACKAGE)
+    except VendorError as exc:
+        raise UsageError(f"--repository {root}: {exc}") from None
+    available = upstream.families()
     wanted = []
-    for name in names or family_names(root):
+    for name in names or available:
         short = name[len(mf.REPO_PACKAGE) + 1:] if name.startswith(mf.REPO_PACKAGE + ".") else name
         if short not in available:
-            raise UsageError(f"--package {name}: no manifests/{short}.json in {root} "
-                             f"(families: {', '.join(available) or 'none'})")
-        wanted.append(short)
+            raise UsageError(f"--package {name}: no manifests/{short}.json with a cake/{short}/ "
+                             f"package in {root} (families: {', '.join(available) or 'none'})")
+        base = kcp_base(short)
+        wanted += [base, short] if base else [short]  # a KCP family runs its base's programs
     if not wanted:
         raise UsageError(f"{root}: no family to vendor (no manifests/<name>.json with a "
                          f"cake/<name>/ package)")
-    plans = {}
-    for name in dict.fromkeys(wanted):
-        package = f"{prefix}.{name}"
-        files, upstream = planned_files(root, name, package)
-        sidecar = vendored.Sidecar(
-            package=package, source_package=f"{mf.REPO_PACKAGE}.{name}",
-            cake_train_version=cake.__version__, upstream_manifest_sha256=upstream,
-            files={relative: mf.sha256_hex(data) for relative, data in sorted(files.items())})
-        plans[name] = (files, sidecar)
+    plans = {name: plan(upstream, name, f"{prefix}.{name}") for name in dict.fromkeys(wanted)}
     lines = []
-    for name, (files, sidecar) in plans.items():
+    for name, planned in plans.items():
         target = into / name
-        written, unchanged, removed = vendor_package(target, files, sidecar, force)
-        findings = gate(target, sidecar.package)
+        written, unchanged, removed = vendor_package(target, planned, force)
+        sidecar = planned.sidecar
+        findings = gate(target, sidecar.package, upstream)
         if findings:
             raise VendorError(f"{target}: the vendored copy fails the vendored gate:\n  "
                               + "\n  ".join(str(f) for f in findings))
@@ -358,10 +173,12 @@ def vendor(root: Path, into: Path, prefix: str, names: Sequence[str],
     return lines
 
 
-def gate(package_dir: Path, package: str) -> list:
-    """What ``check_manifests --vendored-gate --package <package>`` finds in the copy."""
+def gate(package_dir: Path, package: str, upstream: Upstream) -> list:
+    """What ``check_manifests --vendored-gate --package <package>`` finds in the copy when it
+    runs from ``upstream``."""
     tree = mf.package_tree(package_dir, owner=package)
-    return sorted(vendored.check_package(package_dir, package) + checker.check_tree(tree)[0])
+    return sorted(vendored.check_package(package_dir, package, upstream)
+                  + checker.check_tree(tree)[0])
 
 
 # --------------------------------------------------------------------------- command line

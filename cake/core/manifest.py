@@ -122,8 +122,18 @@ FINDING_CODES = {
     "CM701": "vendored Python file imports something other than its own package, the standard "
              "library, torch or triton",
     "CM702": "vendored manifest differs from upstream in a field other than package",
-    "CM703": "vendored file edited, removed or added since tools/vendor.py wrote the copy",
-    "CM704": "vendored package has no valid VENDORED.json (the record tools/vendor.py writes)",
+    "CM703": "vendored file differs from what tools/vendor.py makes of upstream's, or is missing",
+    "CM704": "vendored package has no valid VENDORED.json (the record tools/vendor.py writes), "
+             "or it differs from the record tools/vendor.py writes for the copy",
+    "CM705": "file in a vendored package that is not an upstream file, nor a library in lib/",
+    "CM706": "symbolic link in a vendored package",
+    "CM707": "bytecode (.pyc, __pycache__) in a vendored package that git tracks, or any where "
+             "the host is not a git checkout",
+    "CM708": "vendored Python file uses importlib, __import__, exec or eval",
+    "CM709": "the cake-train running the gate is not the version or commit the vendored copy "
+             "came from (VENDORED.json), or has no such family",
+    "CM710": "a vendored KCP package's base family is not vendored beside it, or was vendored "
+             "from another cake-train",
     "CM801": "installed library missing from the build record (lib/libraries.json), or listed "
              "there and missing",
     "CM802": "installed library's bytes differ from the sha256 in the build record",
@@ -577,12 +587,18 @@ def program_digest(library: str, sources: list[tuple[str, bytes]],
     return h.hexdigest()[:DIGEST_LENGTH]
 
 
-_ENTRIES_BLOCK_RE = re.compile(r"// cake:entries\n(.*?)// cake:end-entries\n", re.DOTALL)
+_ENTRIES_START = "// cake:entries\n"
+_ENTRIES_END = "// cake:end-entries\n"
 _ENTRY_DEFINE_RE = re.compile(r"#define CAKE_ENTRY_(\w+)\(X\)((?: X\(\w+, \w+\))*)")
 _ENTRY_ARG_RE = re.compile(r" X\((\w+), (\w+)\)")
-# One token of a source line: an identifier, a string literal, or any other character. Each
-# alternative consumes what it matches for good, so tokenising a line is linear in its length.
-_TOKEN_RE = re.compile(r'[A-Za-z_]\w*|"(?:[^"\\\n]|\\.)*"|\S')
+# One token of a source line: an identifier, a string or character literal, or any other
+# character. No alternative can fail after its first character (a literal without its closing
+# quote runs to the end of the line, its closing group unmatched), so an attempt examines only
+# the characters it consumes and tokenising a line is linear in its length. (Requiring the
+# closing quote made every quote of a line like ``"\"\"\"...`` rescan the rest of the line.)
+_TOKEN_RE = re.compile(r"""[A-Za-z_]\w*|"(?:[^"\\\n]|\\.)*(?P<close>")?"""
+                       r"""|'(?:[^'\\\n]|\\.)*(?P<close_char>')?|\S""")
+_PLAIN_TOKEN_RE = re.compile(r"[A-Za-z_]\w*|\S")  # the same on a line without quotes
 _INCLUDE_LINE_RE = re.compile(r'[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"')
 
 
@@ -598,44 +614,93 @@ class Scan:
     includes: list = dataclasses.field(default_factory=list)
     """Include-folder files it uses: quoted ``#include``s, ``cake_include("...")`` calls."""
     operations: int = 0
-    """Lines and tokens examined: the scan's work, linear in the text's length."""
+    """The scan's work: one a line, one a character its tokenising examined (up to the end of
+    its last token, or the whole of a preprocessor line), one a character the search for the
+    next line to read passed, and one a token the state machine took: at most three times the
+    text's length plus its lines. :func:`rendered_entries` adds the characters its search
+    examined."""
 
 
 def scan(text: str, kind: str = "cuda") -> Scan:
     """Kernels, entries and includes of a source in one linear pass over its lines and tokens
     (no backtracking regex over the whole text: a source of any shape cannot make it slow).
-    Comments (``//`` in C++, ``#`` in Triton sources) are skipped."""
+    Comments (``//`` in C++, ``#`` in Triton sources) are skipped, and so is the rest of a line
+    after a string or character literal that the line does not close.
+
+    While no definition is pending, the lines up to the next one holding a word that can start
+    something (:data:`_CANDIDATE_RE`) are skipped by one search: a line without one feeds the
+    state machine nothing it acts on, and most lines of a source have none."""
     found = Scan()
-    comment = "#" if kind == "triton" else "//"
     state = _ScanState()
     after_decorator = False
-    for line in text.split("\n"):
-        found.operations += 1
-        stripped = line.lstrip()
-        if kind != "triton" and stripped.startswith("#"):
-            include = _INCLUDE_LINE_RE.match(line)
-            if include:
-                found.includes.append(include.group(1))
-            continue  # a preprocessor line: no definition of ours
-        if kind == "triton":
-            if after_decorator and stripped.startswith("def "):
-                name = stripped[4:].split("(", 1)[0].strip()
-                if name.isidentifier():
-                    found.kernels.append(name)
-            after_decorator = stripped.startswith("@triton.jit")
-        tokens = []
-        for match in _TOKEN_RE.finditer(line):
-            found.operations += 1
-            token = match.group()
-            if token == "/" and comment == "//" and line.startswith("//", match.start()):
+    position, length = 0, len(text)
+    while position <= length:
+        if state.idle() and not after_decorator:
+            candidate = _CANDIDATE_RE.search(text, position)
+            found.operations += (length if candidate is None else candidate.start()) - position
+            if candidate is None:
                 break
-            if token == "#" and comment == "#":
-                break
-            tokens.append(token)
-        state.feed(tokens, found)
+            newline = text.rfind("\n", position, candidate.start())
+            position = position if newline < 0 else newline + 1
+        else:  # blank lines feed nothing, but end a Triton decorator's wait for its def
+            blank = _BLANK_LINES_RE.match(text, position)
+            if blank is not None:
+                found.operations += blank.end() - position
+                position, after_decorator = blank.end(), False
+                continue
+        end = text.find("\n", position)
+        end = length if end < 0 else end
+        after_decorator = _scan_line(text[position:end], kind, found, state, after_decorator)
+        position = end + 1
     found.kernels = list(dict.fromkeys(found.kernels))
     found.entries = list(dict.fromkeys(found.entries))
     return found
+
+
+_BLANK_LINES_RE = re.compile(r"[ \t\r\f\v\n]*\n")  # backs off at most one line's indent
+# A line the scan must read while its state machine is idle holds one of these: the words a
+# definition, an export, a family kernel macro or an include starts with, or Triton's decorator.
+_CANDIDATE_RE = re.compile(r"CAKE_|__global__|include|@triton\.jit")
+
+
+def _scan_line(line: str, kind: str, found: Scan, state: "_ScanState",
+               after_decorator: bool) -> bool:
+    """One line of :func:`scan`; returns whether it is a Triton ``@triton.jit`` line."""
+    found.operations += 1
+    stripped = line.lstrip()
+    if kind != "triton" and stripped.startswith("#"):
+        found.operations += len(line)
+        include = _INCLUDE_LINE_RE.match(line)
+        if include:
+            found.includes.append(include.group(1))
+        return False  # a preprocessor line: no definition of ours
+    if kind == "triton":
+        if after_decorator and stripped.startswith("def "):
+            name = stripped[4:].split("(", 1)[0].strip()
+            if name.isidentifier():
+                found.kernels.append(name)
+    comment = "#" if kind == "triton" else "//"
+    if comment not in line and '"' not in line and "'" not in line:
+        # No comment and no literal: every token counts, and the last ends at the last non-blank.
+        tokens = _PLAIN_TOKEN_RE.findall(line)
+        found.operations += len(line.rstrip())
+        state.feed(tokens, found)
+        return kind == "triton" and stripped.startswith("@triton.jit")
+    tokens = []
+    examined = 0
+    for match in _TOKEN_RE.finditer(line):
+        found.operations += match.end() - examined  # the blanks before it and the token
+        examined = match.end()
+        token = match.group()
+        if token == "/" and comment == "//" and line.startswith("//", match.start()):
+            break
+        if token == "#" and comment == "#":
+            break
+        if token[0] in "\"'" and match.lastgroup is None:
+            break  # a literal left open: the rest of the line is inside it
+        tokens.append(token)
+    state.feed(tokens, found)
+    return kind == "triton" and stripped.startswith("@triton.jit")
 
 
 class _ScanState:
@@ -647,7 +712,12 @@ class _ScanState:
         self.last = None      # the last identifier of the definition so far
         self.bounds = 0       # parentheses open in a __launch_bounds__(...), -1 before them
 
+    def idle(self) -> bool:
+        """Nothing pending: a line without a :data:`_CANDIDATE_RE` word changes nothing."""
+        return self.mode is None and not self.include
+
     def feed(self, tokens: list, found: Scan) -> None:
+        found.operations += len(tokens)
         for index, token in enumerate(tokens):
             if self.include:  # cake_include ( "x" )
                 if token.startswith('"'):
@@ -715,13 +785,20 @@ def entries_block(entries: tuple) -> str:
     return "\n".join(lines + ["// cake:end-entries"]) + "\n"
 
 
-def rendered_entries(text: str) -> tuple | None:
-    """The entries a binding's ``// cake:entries`` block declares (None without the block)."""
-    block = _ENTRIES_BLOCK_RE.search(text)
-    if block is None:
+def rendered_entries(text: str, work: Any = None) -> tuple | None:
+    """The entries a binding's ``// cake:entries`` block declares (None without the block): the
+    lines from the first ``// cake:entries`` marker to the first ``// cake:end-entries`` marker
+    after it. Two searches and one pass over the block (a search from every start marker for an
+    end marker would be quadratic in a text of start markers alone); ``work`` (a :class:`Scan`
+    or anything with an ``operations`` count), if given, gets the characters they examined."""
+    start = text.find(_ENTRIES_START)
+    end = -1 if start < 0 else text.find(_ENTRIES_END, start + len(_ENTRIES_START))
+    if work is not None:
+        work.operations += len(text) if end < 0 else end + len(_ENTRIES_END)
+    if end < 0:
         return None
     entries = []
-    for line in block.group(1).splitlines():
+    for line in text[start + len(_ENTRIES_START):end].splitlines():
         define = _ENTRY_DEFINE_RE.fullmatch(line)
         if define is None:
             return None

@@ -3,16 +3,19 @@ manifest tools and ``python -m cake``, runs without it)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 TORCH = "torch>=2.4"
 
 
 def require_torch(package: str) -> None:
     """Raises ModuleNotFoundError naming the fix when torch is not installed (a family package's
-    first statement, before anything imports torch)."""
-    if importlib.util.find_spec("torch") is None:
+    first statement: the family imports torch right after, so importing it here costs nothing).
+    A plain import, not importlib: vendored code may reach modules only by import statements."""
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise  # torch is there but broken: its own error says how
         raise ModuleNotFoundError(
             f"{package} runs on PyTorch, which is not installed here. Remedy: pip install "
             f"'{TORCH}' (a CUDA build of torch for GPUs; its CPU build runs the tests and the "
-            "Triton families' interpreter mode)", name="torch")
+            "Triton families' interpreter mode)", name="torch") from None

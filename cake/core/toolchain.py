@@ -10,7 +10,8 @@ A library ``<library>_<arch>.so`` is built in two steps:
      header with the kernel's launch metadata.
 
 2. **The host library**: ``<host c++> <host flags> -I<include> -DCAKE_PROGRAM_DIGEST=...
-   -DCAKE_IMAGE_COUNT=<n> -DCAKE_IMAGE_<i>="<image>" -x c++ <binding.cu> -o <library>_<arch>.so``.
+   -DCAKE_IMAGE_COUNT=<n> -DCAKE_IMAGES=CAKE_IMAGE(0,"<image>")... -x c++ <binding.cu>
+   -o <library>_<arch>.so``.
    The binding embeds the images (cake/image.h) and launches through the CUDA driver API
    (cake/driver.h), so the library links no CUDA runtime: NEEDED is libc alone.
 
@@ -82,10 +83,15 @@ def digest_define(digest: str) -> str:
     return f'-DCAKE_PROGRAM_DIGEST="{digest}"'
 
 
-def _string_define(name: str, path: str) -> str:
-    if '"' in path or "\\" in path or "\n" in path:
-        raise ValueError(f"{name}: a build path cannot hold a quote, backslash or newline: {path!r}")
-    return f'-D{name}="{path}"'
+def images_define(images: Sequence[str]) -> str:
+    """``-DCAKE_IMAGES=CAKE_IMAGE(0,"<image 0>")CAKE_IMAGE(1,"<image 1>")...`` (cake/image.h),
+    one argv item (no shell quoting)."""
+    for image in images:
+        if any(c in image for c in '"\\\n(),'):
+            raise ValueError(f"CAKE_IMAGES: a build path cannot hold a quote, backslash, newline, "
+                             f"parenthesis or comma: {image!r}")
+    return "-DCAKE_IMAGES=" + "".join(f'CAKE_IMAGE({i},"{image}")'
+                                      for i, image in enumerate(images))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +150,7 @@ def library_steps(tools: Tools, *, kind: str, library: str, digest: str, arch: s
                 raise ValueError(f"{library}: a CUDA program needs nvcc")
             steps.append([tools.nvcc, *device_flags(arch), f"-I{include_dir}",
                           digest_define(digest), *flags, source.path, "-o", image])
-    defines = [f"-DCAKE_IMAGE_COUNT={len(images)}"]
-    defines += [_string_define(f"CAKE_IMAGE_{i}", image) for i, image in enumerate(images)]
+    defines = [f"-DCAKE_IMAGE_COUNT={len(images)}", images_define(images)]
     steps.append([tools.cxx, *HOST_FLAGS, f"-I{include_dir}", digest_define(digest), *defines,
                   *includes, "-x", "c++", binding[0].path, "-o", output])
     return steps

@@ -119,7 +119,7 @@ def test_library_steps_are_one_fatbin_per_kernel_source_then_the_host_library(ar
         ["/cuda/bin/nvcc", *tc.device_flags(arch), "-I/inc", digest, "-DX=1",
          "/src/lib_kernel_backward.cu", "-o", images[1]],
         ["/usr/bin/c++", *tc.HOST_FLAGS, "-I/inc", digest, "-DCAKE_IMAGE_COUNT=2",
-         f'-DCAKE_IMAGE_0="{images[0]}"', f'-DCAKE_IMAGE_1="{images[1]}"', "-x", "c++",
+         f'-DCAKE_IMAGES=CAKE_IMAGE(0,"{images[0]}")CAKE_IMAGE(1,"{images[1]}")', "-x", "c++",
          "/src/lib_binding.cu", "-o", "/out/lib.so"]]
     assert tc.gencode(arch) in steps[0]
     assert "-DX=1" not in steps[-1]  # a program's flags are its device code's
@@ -140,7 +140,7 @@ def test_library_steps_of_a_triton_program_run_the_pinned_triton():
                             "--ptxas", "/cuda/ptxas"]
     assert steps[1][0] == "/usr/bin/c++" and steps[1][-2:] == ["-o", "/out/lib.so"]
     assert "-include" in steps[1] and "/work/lib_sm_100a.kernel_scale.h" in steps[1]
-    assert '-DCAKE_IMAGE_0="/work/lib_sm_100a.kernel_scale.cubin"' in steps[1]
+    assert '-DCAKE_IMAGES=CAKE_IMAGE(0,"/work/lib_sm_100a.kernel_scale.cubin")' in steps[1]
 
 
 @pytest.mark.parametrize("roles,message", [
@@ -162,9 +162,9 @@ def test_library_steps_of_a_cuda_program_need_nvcc():
                          sources=_sources("kernel", "binding"), work_dir="/w", output="/o.so")
 
 
-@pytest.mark.parametrize("work_dir", ['/a"b', "/a\\b", "/a\nb"])
+@pytest.mark.parametrize("work_dir", ['/a"b', "/a\\b", "/a\nb", "/a(b", "/a)b", "/a,b"])
 def test_library_steps_refuse_an_image_path_that_cannot_be_a_define(work_dir):
-    with pytest.raises(ValueError, match="CAKE_IMAGE_0"):
+    with pytest.raises(ValueError, match="CAKE_IMAGES: a build path cannot hold"):
         tc.library_steps(TOOLS, kind="cuda", library="lib", digest=DIGEST, arch="sm_90a",
                          include_dir="/inc", flags=[], sources=_sources("kernel", "binding"),
                          work_dir=work_dir, output="/o.so")
@@ -185,7 +185,7 @@ def test_gencode_refuses_what_is_not_an_a_arch(bad):
 
 def test_digest_define_is_one_argv_item():
     assert tc.digest_define("0123abcdef") == '-DCAKE_PROGRAM_DIGEST="0123abcdef"'
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^digest must be lowercase hex, got 'x\" -DEVIL'$"):
         tc.digest_define('x" -DEVIL')
 
 
@@ -339,7 +339,7 @@ def test_the_plan_runs_the_jits_steps(toy, tmp_path, monkeypatch):
 
 
 def test_a_program_needing_more_steps_than_cmake_takes_is_refused(toy, tmp_path):
-    """cake_add_program takes STEP1 .. STEP9: at most 8 kernel sources (cake/image.h's limit)."""
+    """cake_add_program takes STEP1 .. STEP32: at most 31 kernel sources and the binding."""
     sys.path.insert(0, str(REPO))
     try:
         from tools import build_plan
@@ -347,7 +347,7 @@ def test_a_program_needing_more_steps_than_cmake_takes_is_refused(toy, tmp_path)
         sys.path.remove(str(REPO))
     manifest = mf.read(toy.manifest_path)
     program = manifest.programs[0]
-    kernels = tuple(mf.Source(f"kernel_k{i}", f"k{i}.cu", "0" * 64) for i in range(9))
+    kernels = tuple(mf.Source(f"kernel_k{i}", f"k{i}.cu", "0" * 64) for i in range(32))
     wide = mf.Manifest(manifest.schema_version, manifest.package, manifest.library_prefix,
                        manifest.headers,
                        (mf.Program(**{**program.__dict__,
@@ -355,14 +355,16 @@ def test_a_program_needing_more_steps_than_cmake_takes_is_refused(toy, tmp_path)
     family = build_plan.Family(TOY_FAMILY, toy, wide, install_dir=f"cake/{TOY_FAMILY}",
                                output_dir=None)
     tools = tc.Tools(nvcc="nvcc", cxx="c++")
-    with pytest.raises(build_plan.PlanError, match=r"10 build steps, at most 9"):
+    with pytest.raises(build_plan.PlanError, match=r"33 build steps, at most 32"):
         build_plan.plan_text([family], ["sm_90a"], "repository", tools, tmp_path / "build")
-    eight = mf.Manifest(**{**wide.__dict__, "programs": (mf.Program(**{
-        **program.__dict__, "sources": kernels[:8] + (program.source("binding"),)}),)})
-    text = build_plan.plan_text([build_plan.Family(TOY_FAMILY, toy, eight, f"cake/{TOY_FAMILY}",
+    most = mf.Manifest(**{**wide.__dict__, "programs": (mf.Program(**{
+        **program.__dict__, "sources": kernels[:31] + (program.source("binding"),)}),)})
+    text = build_plan.plan_text([build_plan.Family(TOY_FAMILY, toy, most, f"cake/{TOY_FAMILY}",
                                                    None)], ["sm_90a"], "repository", tools,
                                 tmp_path / "build")
-    assert "STEP9 " in text and "STEP10" not in text
+    assert "STEP32 " in text and "STEP33" not in text
+    cmake_lists = (REPO / "CMakeLists.txt").read_text()
+    assert f"set(CAKE_MAX_STEPS {build_plan.MAX_STEPS})" in cmake_lists
 
 
 def test_a_plan_for_an_arch_needs_a_host_compiler(toy, tmp_path):

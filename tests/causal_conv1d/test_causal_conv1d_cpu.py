@@ -316,7 +316,7 @@ def test_a_new_signature_is_validated_again_with_the_same_errors(gpu, validation
             with pytest.raises(error, match=match) as raised:
                 conv.cake_causal_conv1d_det_train_forward(**args)
             messages.append(str(raised.value))
-        with pytest.raises(error) as direct:  # exactly what the validation itself says
+        with pytest.raises(error, match=match) as direct:  # what the validation itself says
             _validate.validate_forward(*args.values(), None)
         assert messages == [str(direct.value)] * 2
     assert validations["forward"] == 1 + 2 * len(bad_calls)
@@ -532,3 +532,29 @@ def _family_table():
 def test_family_table_loads():
     module = _family_table()
     assert module.FAMILY.name == NAME and len(module.FAMILY.specs) == len(MANIFEST.programs)
+
+
+def test_the_canaries_of_the_garbage_cu_seqlens_test_see_a_write_past_either_end():
+    """test_causal_conv1d_gpu.py's ``Canaries``, on the CPU: placed tensors keep their values
+    and alignment, untouched margins pass, and one byte written just past a tensor's end or
+    just before its start (what an off-by-one store does) fails, naming the tensor."""
+    from test_causal_conv1d_gpu import CANARY, Canaries
+
+    canaries = Canaries(margin=4096, device="cpu")
+    x = torch.randn(30, 64).to(torch.bfloat16)
+    placed = canaries.place("x", x)
+    cu = canaries.place("cu_seqlens", torch.tensor([0, 7, 30], dtype=torch.int32))
+    assert torch.equal(placed, x)
+    assert (placed.data_ptr() - canaries.placed[0][1].data_ptr()) % 256 == 0
+    assert cu.tolist() == [0, 7, 30]
+    placed.fill_(0)  # inside the tensor: fine
+    canaries.check()
+    for name, buffer, nbytes in canaries.placed:
+        for index, where in ((canaries.margin + nbytes, "past its end, up to 1 bytes past"),
+                             (canaries.margin - 1, "before its start, up to 1 bytes before")):
+            buffer[index] = 0
+            with pytest.raises(AssertionError, match=f"^written out of bounds: {name}: 1 byte"
+                                                     rf"\(s\) changed {where}$"):
+                canaries.check()
+            buffer[index] = CANARY
+    canaries.check()

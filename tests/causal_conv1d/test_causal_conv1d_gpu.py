@@ -86,6 +86,51 @@ def poisoned(like: torch.Tensor, dtype=None) -> torch.Tensor:
     return torch.full(like.shape, float("nan"), dtype=dtype or like.dtype, device=like.device)
 
 
+CANARY = 0xA5
+
+
+class Canaries:
+    """Tensors placed inside larger buffers whose margins hold a byte pattern: a write up to
+    ``margin`` bytes past either end of a tensor changes its margins, which :meth:`check` finds.
+    (A write farther off lands elsewhere; where nothing is mapped, the launch fails and the next
+    synchronize raises. Reads out of bounds leave no trace here: compute-sanitizer's memcheck
+    runs the same case through sanitize.py.)"""
+
+    def __init__(self, margin: int = 16 << 20, device="cuda"):
+        assert margin % 256 == 0, "the margin keeps each tensor's 256-byte alignment"
+        self.margin = margin
+        self.device = device
+        self.placed = []
+        """(name, buffer, bytes of the tensor) of every placed tensor."""
+
+    def place(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of ``tensor`` whose bytes lie ``margin`` bytes into a buffer of
+        canaries (``margin`` more follow it)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        buffer = torch.full((2 * self.margin + nbytes,), CANARY, dtype=torch.uint8,
+                            device=self.device)
+        inner = buffer[self.margin:self.margin + nbytes].view(tensor.dtype).view(tensor.shape)
+        inner.copy_(tensor)
+        self.placed.append((name, buffer, nbytes))
+        return inner
+
+    def check(self) -> None:
+        """Every margin holds its canaries alone; else names each buffer written past, the side
+        and how far from the tensor's end the farthest changed byte is."""
+        broken = []
+        for name, buffer, nbytes in self.placed:
+            before = (buffer[:self.margin] != CANARY).nonzero()
+            after = (buffer[self.margin + nbytes:] != CANARY).nonzero()
+            if before.numel():
+                broken.append(f"{name}: {before.numel()} byte(s) changed before its start, up "
+                              f"to {self.margin - int(before[0])} bytes before")
+            if after.numel():
+                broken.append(f"{name}: {after.numel()} byte(s) changed past its end, up to "
+                              f"{int(after[-1]) + 1} bytes past")
+        if broken:
+            raise AssertionError("written out of bounds: " + "; ".join(broken))
+
+
 # --------------------------------------------------------------------------- tolerance
 
 
@@ -320,13 +365,21 @@ def test_cuda_graph_capture_with_caller_buffers():
 
 def test_capture_with_garbage_cu_seqlens_is_memory_safe():
     """Under capture cu_seqlens' values are not read on the host; the kernels must stay in
-    bounds whatever they hold (compute-sanitizer runs the same through sanitize.py)."""
+    bounds whatever they hold. Every buffer of the call lies between canary margins
+    (``Canaries``), which the replay must leave untouched, and the inputs keep their bits
+    (compute-sanitizer runs the same case through sanitize.py, for reads too)."""
     x, w, b, dy, _ = make_case(3000, 64, "none", seed=4)
-    cu = torch.tensor([5, -7, 100000, 2, 2999, 1 << 30, -1], dtype=torch.int32, device="cuda")
-    y, dx = torch.empty_like(x), torch.empty_like(x)
-    dw, db = torch.empty_like(w, dtype=torch.float32), torch.empty_like(b, dtype=torch.float32)
-    ws = torch.empty(cake_causal_conv1d_det_train_backward_workspace_bytes(x, w, b, None),
-                     dtype=torch.uint8, device="cuda")
+    garbage = torch.tensor([5, -7, 100000, 2, 2999, 1 << 30, -1], dtype=torch.int32,
+                           device="cuda")
+    canaries = Canaries()
+    inputs = {"x": x, "weight": w, "bias": b, "dy": dy, "cu_seqlens": garbage}
+    placed = {name: canaries.place(name, tensor) for name, tensor in inputs.items()}
+    x, w, b, dy, cu = placed.values()
+    y, dx = canaries.place("y", poisoned(x)), canaries.place("dx", poisoned(x))
+    dw = canaries.place("dweight", poisoned(w, torch.float32))
+    db = canaries.place("dbias", poisoned(b, torch.float32))
+    need = cake_causal_conv1d_det_train_backward_workspace_bytes(x, w, b, None)
+    ws = canaries.place("workspace", torch.zeros(need, dtype=torch.uint8, device="cuda"))
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -337,6 +390,9 @@ def test_capture_with_garbage_cu_seqlens_is_memory_safe():
                                                   workspace=ws)
     graph.replay()
     torch.cuda.synchronize()
+    canaries.check()
+    written = [name for name in inputs if not torch.equal(placed[name], inputs[name])]
+    assert not written, f"inputs written: {written}"
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -239,7 +239,8 @@ def test_rendered_binding_compiles_against_the_real_headers(toy, tmp_path):
     image.write_bytes(b"\0" * 64)
     command = [cxx, *toolchain.HOST_FLAGS, "-Wall", "-Werror", f"-I{layout.tree.include_dir}",
                toolchain.digest_define(program.digest), "-DCAKE_IMAGE_COUNT=1",
-               f'-DCAKE_IMAGE_0="{image}"', "-x", "c++", str(layout.source(0, "binding")),
+               toolchain.images_define([str(image)]), "-x", "c++",
+               str(layout.source(0, "binding")),
                "-o", str(tmp_path / "toy.so")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

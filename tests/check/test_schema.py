@@ -233,7 +233,7 @@ def test_schema_and_model_agree(document, case):
         document = copy.deepcopy(document)
         mutate(document)
     assert validate(mf.json_schema(), document), f"the schema accepts {case}"
-    with pytest.raises(mf.ManifestError) as raised:
+    with pytest.raises(mf.ManifestError, match=rf"^build\.json:\S+: {code} ") as raised:
         mf.parse(json.dumps(document).encode(), "build.json")
     assert {f.code for f in raised.value.findings} == {code}, raised.value.findings
 

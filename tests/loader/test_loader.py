@@ -89,6 +89,11 @@ def load_library(program: mf.Program, path: Path) -> loader.Library:
     return loader.Library(program, path, "test", trust.sha256_file(path), "a test library")
 
 
+def by_block(manifest: mf.Manifest) -> list[mf.Program]:
+    """The toy programs by TOY_BLOCK (128, then 256): the manifest's order follows the digests."""
+    return sorted(manifest.programs, key=lambda program: program.variant["block"])
+
+
 @pytest.fixture
 def fresh(toy_build):
     """``fresh(index)``: a new :class:`loader.Library` of toy program ``index``. Each load is a
@@ -98,7 +103,7 @@ def fresh(toy_build):
     manifest, paths = toy_build
 
     def make(index: int = 0) -> loader.Library:
-        program = manifest.programs[index]
+        program = by_block(manifest)[index]
         return load_library(program, paths[program.library])
     return make
 
@@ -186,7 +191,8 @@ def test_arch_selection_on_real_manifests(capability, monkeypatch):
     for path in manifests:
         programs = programs_of(REPO / "cake" / path.stem)
         for program in programs.manifest.programs:
-            with pytest.raises(loader.ProgramUnavailable) as caught:
+            with pytest.raises(loader.ProgramUnavailable,
+                               match=f"^{re.escape(program.library)} ") as caught:
                 programs.library(program, 0)
             message = str(caught.value)
             assert "Simulated GPU" in message and f"{capability[0]}.{capability[1]}" in message
@@ -414,32 +420,41 @@ def test_four_processes_compile_once_and_all_load(package):
     assert sorted(out.split()[0] for out, _ in results).count("compiled") == 1
 
 
-def slow_nvcc(folder: Path, started: Path) -> Path:
-    """A CUDA_HOME whose nvcc answers --version at once but compiles only after a minute (after
-    touching ``started``): a compile that is surely running when the test kills it."""
-    real = jit.find_nvcc()
-    nvcc = folder / "bin" / "nvcc"
-    nvcc.parent.mkdir(parents=True)
-    nvcc.write_text(f'#!/bin/sh\ncase "$1" in --version|--list-gpu-code) exec "{real}" "$@";; '
-                    f'esac\ntouch "{started}"\nsleep 60\nexec "{real}" "$@"\n')
-    nvcc.chmod(0o755)
-    return folder
+def stalling_cxx(folder: Path, written: Path) -> Path:
+    """A host C++ compiler that runs the real one and, once it has written a ``.so`` (the
+    library's last build step), touches ``written`` and waits a minute before it exits: the
+    moment the compile's output has appeared, and before the loader can publish it."""
+    real = toolchain.find_cxx()
+    cxx = folder / "c++"
+    cxx.parent.mkdir(parents=True)
+    cxx.write_text(f'#!/bin/sh\n"{real}" "$@" || exit $?\nout=; previous=\n'
+                   f'for argument in "$@"; do\n'
+                   f'  [ "$previous" = -o ] && out=$argument; previous=$argument\ndone\n'
+                   f'case "$out" in *.so) touch "{written}"; sleep 60;; esac\n')
+    cxx.chmod(0o755)
+    return cxx
 
 
 @compiles
 def test_a_killed_compile_leaves_no_usable_entry(package, tmp_path, capfd):
-    started = tmp_path / "nvcc-started"
-    env = dict(os.environ, CUDA_HOME=str(slow_nvcc(tmp_path / "cuda", started)))
+    """Killed the moment its library file is complete: nothing is published (the build writes
+    into a temporary folder and the library is renamed into the entry only after), and the
+    next use compiles again."""
+    written = tmp_path / "library-written"
+    env = dict(os.environ, CXX=str(stalling_cxx(tmp_path / "cxx", written)))
     process = load_in_subprocess(package, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert started.exists(), process.communicate()
-    os.killpg(process.pid, signal.SIGKILL)  # the loader and its nvcc child
+    while not written.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert written.exists(), process.communicate()
+    os.killpg(process.pid, signal.SIGKILL)  # the loader and its compiler child
     process.communicate()
     cache = Path(os.environ["CAKE_CACHE_DIR"])
-    assert not list(cache.rglob("*.so")), "a killed compile published a library"
-    assert list(cache.rglob("*.tmp")), "the killed compile's work folder should still be there"
+    published = [p for p in cache.rglob("*") if p.is_file() and p.name != "lock"
+                 and not any(part.endswith(".tmp") for part in p.relative_to(cache).parts)]
+    assert not published, f"a killed compile left files in the cache entry: {published}"
+    built = [p for p in cache.rglob("*.so") if p.parent.name.endswith(".tmp")]
+    assert built, "the kill came before the compile's output appeared"
 
     programs = programs_of(package)  # the real nvcc, same version: the same cache entry
     library = programs.library(programs.manifest.programs[0], 0)
@@ -489,7 +504,7 @@ NO_DRIVER_SCRIPT = textwrap.dedent("""
         raise SystemExit(0)
     from pathlib import Path
     from cake.core import loader, manifest as mf, trust
-    program = mf.read(Path({manifest!r})).programs[0]
+    program = next(p for p in mf.read(Path({manifest!r})).programs if p.library == {library!r})
     path = Path({path!r})
     library = loader.Library(program, path, "test", trust.sha256_file(path), "test")
     out = ctypes.c_int64(-1)
@@ -507,10 +522,11 @@ def test_without_a_driver_a_library_loads_and_says_what_is_missing(toy_build, tm
     """Loading and verifying a library, and an entry that launches nothing, need no driver;
     the first launch names the missing libcuda.so.1 (a fresh process, no fake driver)."""
     manifest, paths = toy_build
-    program = manifest.programs[0]
+    program = by_block(manifest)[0]  # TOY_BLOCK 128: 8 blocks for n = 1000
     manifest_path = tmp_path / "build.json"
     manifest_path.write_text(mf.to_json(manifest))
-    script = NO_DRIVER_SCRIPT.format(repo=str(REPO), tests=str(TESTS), manifest=str(manifest_path),
+    script = NO_DRIVER_SCRIPT.format(repo=str(REPO), tests=str(TESTS),
+                                     manifest=str(manifest_path), library=program.library,
                                      path=str(paths[program.library]))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=120)
@@ -594,7 +610,7 @@ def test_entry_refuses_missing_and_extra_argument_names(fresh, fake):
         scale(0, **scale_arguments(eps=1e-6))
     with pytest.raises(TypeError, match=r"missing arguments \['x', 'n'\], unknown \['y'\]"):
         scale(0, y=0, factor=1.0, offset=0.0, smem_bytes=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments but 7 were given"):
         scale(0, 0x1000, 1000, 2.0, 0.5, 0)  # only the stream is positional
     assert fake.lines() == []  # refused before the driver was even opened
     with pytest.raises(loader.LibraryRefused, match=r"declares no entry 'forward' \(it declares "
@@ -712,7 +728,7 @@ RACE_SCRIPT = textwrap.dedent("""
     fake = fake_cuda.load()
     from pathlib import Path
     from cake.core import loader, manifest as mf, trust
-    program = mf.read(Path({manifest!r})).programs[0]
+    program = next(p for p in mf.read(Path({manifest!r})).programs if p.library == {library!r})
     path = Path({path!r})
     scale = loader.Library(program, path, "test", trust.sha256_file(path), "test").entry("scale")
     barrier = threading.Barrier(8)
@@ -744,11 +760,11 @@ def test_eight_threads_racing_on_the_first_call_load_the_image_once(toy_build, t
     """A fresh process, 8 threads released at once into the first call of an entry: one image
     load, one kernel lookup and one shared-memory raise in the process, and 8 launches."""
     manifest, paths = toy_build
-    program = manifest.programs[0]
+    program = by_block(manifest)[0]  # TOY_BLOCK 128: 8 blocks for n = 1000
     manifest_path = tmp_path / "build.json"
     manifest_path.write_text(mf.to_json(manifest))
     script = RACE_SCRIPT.format(repo=str(REPO), tests=str(TESTS), manifest=str(manifest_path),
-                                path=str(paths[program.library]))
+                                library=program.library, path=str(paths[program.library]))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
@@ -846,10 +862,10 @@ def test_a_driver_error_becomes_a_runtime_error_naming_the_kernel(fresh, fake, s
     scale = library.entry("scale")
     kernel = f"kernel_{library.program.library}_scale"
     smem = setup(fake)
-    with pytest.raises(RuntimeError) as caught:
+    expected = f"{library.program.library}_scale: {where.format(kernel=kernel)}: {message}"
+    with pytest.raises(RuntimeError, match=f"^{re.escape(expected)}$") as caught:
         scale(0, **scale_arguments(smem_bytes=smem))
-    assert str(caught.value) == \
-        f"{library.program.library}_scale: {where.format(kernel=kernel)}: {message}"
+    assert type(caught.value) is RuntimeError
     assert all("error=0" not in line for line in fake.calls("cuLaunchKernel"))  # none ran
     fake.reset()
     fake.set_kernels(None)

@@ -8,7 +8,9 @@ the loader before this check (which called dlopen first and looked at the digest
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -165,9 +167,10 @@ def test_new_cache_folders_are_private_whatever_the_umask(tmp_path):
 def test_a_lock_file_made_into_a_link_is_not_followed(tmp_path):
     target = tmp_path / "victim"
     (tmp_path / "lock").symlink_to(target)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=re.escape(os.strerror(errno.ELOOP))) as raised:
         with jit._exclusive(tmp_path / "lock"):
             pass
+    assert raised.value.errno == errno.ELOOP  # O_NOFOLLOW refused the link
     assert not target.exists()
 
 

@@ -192,6 +192,42 @@ def test_validation_rejects_cpu_tensors_first():
                                  out=out, residual_out=None, rstd=None)
 
 
+def test_the_dweight_check_past_2_31_elements_fails_a_zero_result():
+    """The dweight check of test_rmsnorm_gpu.py's test_rows_past_2_31_elements, on the CPU with
+    the same band length (so the same bound: 0.4% of the envelope) over three bands: the
+    float64 reference and an fp32 sum of one chain a band, then the bands, pass; a zero dweight
+    and one missing a band's rows fail; and with random-sign dy (that test's data before) the
+    bound would pass a zero, which the check refuses to call a check."""
+    from test_rmsnorm_gpu import assert_dweight_bound, dweight_reference, same_sign_dy
+
+    band = FAMILIES[0].rows_per_band((1 << 31) // 128 + 5, 128)
+    rows, cols = 3 * band, 128
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, cols, generator=gen).to(torch.bfloat16)
+    dy = same_sign_dy(x, gen)
+    want, env = dweight_reference(x, dy)
+    assert_dweight_bound(want.float(), want, env, band)
+    x32 = x.float()
+    terms = dy.float() * (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + 1e-6))
+    total = torch.zeros(cols)
+    for start in range(0, rows, band):
+        chain = torch.zeros(cols)
+        for row in terms[start:start + band]:
+            chain += row
+        total += chain
+    assert_dweight_bound(total, want, env, band)
+    out_of_tolerance = rf"^dweight: {cols} of {cols} elements out of tolerance"
+    with pytest.raises(AssertionError, match=out_of_tolerance):
+        assert_dweight_bound(torch.zeros(cols), want, env, band)
+    with pytest.raises(AssertionError, match=out_of_tolerance):
+        assert_dweight_bound(total - terms[:band].sum(0), want, env, band)
+    random_dy = torch.randn(rows, cols, generator=gen).to(torch.bfloat16)
+    want, env = dweight_reference(x, random_dy)
+    with pytest.raises(AssertionError, match=r"^dweight: the bound is too loose to check "
+                                             r"anything: \d+ of 128 columns would pass a zero"):
+        assert_dweight_bound(want.float(), want, env, band)
+
+
 # --------------------------------------------------------------------------- host fast path
 
 
@@ -330,7 +366,7 @@ def test_rmsnorm_new_signature_is_validated_again_with_the_same_errors(gpu, vali
                                weight_offset=args["weight_offset"])
             messages.append(str(raised.value))
         assert validations["forward"] == before + 2
-        with pytest.raises(error) as direct:  # exactly what the validation itself says
+        with pytest.raises(error, match=match) as direct:  # what the validation itself says
             rmsnorm.validate_forward(x=args["x"], gate=g if family.gated else None,
                                      weight=args["w"], residual=None, eps=args["eps"],
                                      weight_offset=args["weight_offset"], gated=family.gated,

@@ -12,7 +12,10 @@ Tolerances, per element, from how the kernels compute (fp32 arithmetic on the st
   steps of `groups` rows in turn: at most rows_per_band / groups + 2, ``Family.rows_per_band``),
   the CTA's row groups (<= 512) and the CTA partials (128 segments of <= 16, then a 7-level
   tree), so at most rows_per_band + 537 terms; we allow (rows_per_band + 400) * 2 u of the
-  envelope sum |dn * xhat|, at least 5e-5;
+  envelope sum |dn * xhat|, at least 5e-5. That is a fraction of the envelope (0.4% at 2^31
+  elements), so where the terms cancel (random dy) it can exceed dweight itself, and a zero
+  result would pass; the case past 2^31 elements takes dy of x's sign, so that dweight equals
+  its envelope and the bound fails a zero in every column (``assert_dweight_bound``);
 * 1e-7 absolute for fp16 subnormals.
 """
 
@@ -89,6 +92,46 @@ def envelopes(family, s, g, w, dy, rstd, weight_offset):
     env_dg = dy64.abs() * xhat * wabs * dgate
     env_dw = (dn * xhat).reshape(-1, s.shape[-1]).sum(0)
     return env_y, env_dx, env_dg, env_dw
+
+
+def same_sign_dy(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random dy of x's sign (x's dtype, on x's device): every term dy * xhat of dweight is >= 0,
+    so dweight equals its envelope sum |dy * xhat|, and the fp32 bound, a small fraction of the
+    envelope, is a small fraction of dweight: a zero dweight, or one that misses rows, fails."""
+    dy = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return dy.abs_().mul_(x.sign())
+
+
+def dweight_reference(x: torch.Tensor, dy: torch.Tensor, eps: float = 1e-6,
+                      chunk: int = 1 << 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 dweight of RMSNorm (no gate, no weight offset) and its envelope sum |dy * xhat|,
+    ``chunk`` rows at a time (x in float64 at once may not fit)."""
+    cols = x.shape[-1]
+    want = torch.zeros(cols, dtype=torch.float64, device=x.device)
+    env = torch.zeros_like(want)
+    for start in range(0, x.shape[0], chunk):
+        s64 = x[start:start + chunk].double()
+        xhat = s64 * torch.rsqrt(s64.square().mean(-1, keepdim=True) + eps)
+        terms = dy[start:start + chunk].double() * xhat
+        want += terms.sum(0)
+        env += terms.abs().sum(0)
+    return want, env
+
+
+def assert_dweight_bound(dw: torch.Tensor, want: torch.Tensor, env: torch.Tensor,
+                         rows_per_band: int) -> None:
+    """dweight within the fp32 chain bound of the module docstring, a bound that must be tight
+    enough to fail a zero dweight in every column (else the check would prove nothing)."""
+    factor = (rows_per_band + 400) * 2 * U
+    allowed = factor * env + 1e-7
+    loose = ~(allowed < want.abs())
+    if loose.any():
+        column = int(loose.nonzero()[0])
+        raise AssertionError(
+            f"dweight: the bound is too loose to check anything: {int(loose.sum())} of "
+            f"{loose.numel()} columns would pass a zero result; first {column}: allowed "
+            f"{float(allowed[column])}, want {float(want[column])}")
+    assert_close("dweight", dw, want, env, rtol=0, env_factor=factor)
 
 
 def check_case(family, shape, *, dtype=torch.bfloat16, weight_fp32=False, residual=False,
@@ -232,6 +275,10 @@ def test_scalar_route_for_misaligned_rows(family, dtype, cols):
     want_dx, want_dg, want_dw = family.reference_backward(dy, x, g, w)
     _, env_dx, env_dg, env_dw = envelopes(family, x, g, w, dy, want_rstd, 0.0)
     assert_close("dx", dx, want_dx, env_dx, rtol=RTOL[dtype], env_factor=2e-5)
+    if family.gated:
+        assert_close("dg", dg, want_dg, env_dg, rtol=RTOL[dtype], env_factor=2e-5)
+    else:
+        assert dg is None
     assert_close("dweight", dw, want_dw, env_dw, rtol=0, env_factor=5e-5)
 
 
@@ -256,14 +303,16 @@ def test_many_rows_a_cta(family, dtype, cols):
 
 
 def test_rows_past_2_31_elements():
-    """T * D > 2^31: 64-bit row offsets (bf16, D = 128, 16.8M rows, ~30 GB in all)."""
+    """T * D > 2^31: 64-bit row offsets (bf16, D = 128, 16.8M rows, ~30 GB in all). dy has x's
+    sign (``same_sign_dy``), so that the dweight bound (0.4% of dweight here) fails a zero
+    dweight, or one short of 1% of its rows (test_rmsnorm_cpu.py checks the check on the CPU)."""
     family = FAMILIES[0]
     cols = 128
     rows = (1 << 31) // cols + 5
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(rows, cols, device="cuda", generator=gen, dtype=torch.bfloat16)
     w = (torch.rand(cols, device="cuda", generator=gen) + 0.5)
-    dy = torch.randn(rows, cols, device="cuda", generator=gen, dtype=torch.bfloat16)
+    dy = same_sign_dy(x, gen)
     y, _, rstd = family.forward(x, None, w)
     dx, _, _, dw = family.backward(dy, x, None, w, rstd)
     for part in (slice(0, 64), slice(rows // 2, rows // 2 + 64), slice(rows - 64, rows)):
@@ -272,16 +321,8 @@ def test_rows_past_2_31_elements():
         assert_close("y", y[part], want_y, env_y, rtol=RTOL[torch.bfloat16], env_factor=2e-5)
         want_dx, _, _ = family.reference_backward(dy[part], x[part], None, w)
         assert_close("dx", dx[part], want_dx, env_dx, rtol=RTOL[torch.bfloat16], env_factor=2e-5)
-    want_dw = torch.zeros(cols, dtype=torch.float64, device="cuda")
-    env_dw = torch.zeros_like(want_dw)
-    for start in range(0, rows, 1 << 20):
-        part = slice(start, min(rows, start + (1 << 20)))
-        s64 = x[part].double()
-        xhat = s64 * torch.rsqrt(s64.square().mean(-1, keepdim=True) + 1e-6)
-        want_dw += (dy[part].double() * xhat).sum(0)
-        env_dw += (dy[part].double() * xhat).abs().sum(0)
-    assert_close("dweight", dw, want_dw, env_dw, rtol=0,
-                 env_factor=(family.rows_per_band(rows, cols) + 400) * 2 * U)
+    want_dw, env_dw = dweight_reference(x, dy)
+    assert_dweight_bound(dw, want_dw, env_dw, family.rows_per_band(rows, cols))
 
 
 # --------------------------------------------------------------------------- autograd, modules
@@ -446,15 +487,16 @@ def test_cuda_graph_capture_with_caller_buffers(family):
         step()  # warm: loads the programs before capture
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    expected = _digest(y, s, rstd, dx, dw)
-    for t in (y, s, rstd, dx, dres, dw):
+    outputs = (y, s, rstd, dx, dw, *((dg,) if family.gated else ()))
+    expected = _digest(*outputs)
+    for t in (*outputs, dres):
         t.fill_(float("nan"))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
     graph.replay()
     torch.cuda.synchronize()
-    assert _digest(y, s, rstd, dx, dw) == expected
+    assert _digest(*outputs) == expected
     assert torch.equal(dres, dx)
 
 
@@ -489,52 +531,87 @@ def test_torch_compile_opaque_op(family, residual):
 # --------------------------------------------------------------------------- bad input
 
 
+def _with_outputs(x):
+    """x with an ``out`` and ``rstd`` that fit it: the error must then be x's own."""
+    return dict(x=x, out=poisoned(x), rstd=poisoned(x, torch.float32, x.shape[:-1]))
+
+
+_X_SHAPE_ERROR = (r"^x: expected shape \[\.\.\., D\] with 1 <= D <= 16384 \(leading dims are "
+                  r"flattened into rows\), got bfloat16\[2, {}\] on cuda:0$")
+_OUT = r"^out: expected a contiguous bfloat16\[16, 256\] on cuda:0, got {}\[{}\] on cuda:0$"
+
+
 def _bad_cases():
-    """(id, builder) pairs; each builder returns (call kwargs overrides, expected exception)."""
+    """(id, builder, expected exception, its message's pattern); each builder returns the call's
+    overrides. The messages are the host validation's (cake/_shared/rmsnorm.py)."""
     return [
-        ("x-int32", lambda c: dict(x=c["x"].to(torch.int32)), TypeError),
-        ("x-float64", lambda c: dict(x=c["x"].double()), TypeError),
-        ("x-cpu", lambda c: dict(x=c["x"].cpu()), ValueError),
-        ("x-strided", lambda c: dict(x=c["x"].t().contiguous().t()), ValueError),
-        ("x-D-too-big", lambda c: dict(x=torch.zeros(2, 16385, dtype=torch.bfloat16, device="cuda")),
-         ValueError),
-        ("x-D-zero", lambda c: dict(x=torch.zeros(2, 0, dtype=torch.bfloat16, device="cuda")),
-         ValueError),
-        ("weight-size", lambda c: dict(w=c["w"][:-1].clone()), ValueError),
-        ("weight-2d", lambda c: dict(w=c["w"].view(1, -1)), ValueError),
-        ("weight-fp16", lambda c: dict(w=c["w"].half()), TypeError),
-        ("weight-cpu", lambda c: dict(w=c["w"].cpu()), ValueError),
-        ("eps-zero", lambda c: dict(eps=0.0), ValueError),
-        ("eps-negative", lambda c: dict(eps=-1e-6), ValueError),
-        ("eps-nan", lambda c: dict(eps=float("nan")), ValueError),
-        ("eps-underflow", lambda c: dict(eps=1e-50), ValueError),
-        ("eps-str", lambda c: dict(eps="1e-6"), TypeError),
-        ("offset-inf", lambda c: dict(weight_offset=float("inf")), ValueError),
-        ("residual-shape", lambda c: dict(r=c["x"][:-1].clone()), ValueError),
-        ("residual-dtype", lambda c: dict(r=c["x"].float()), TypeError),
-        ("out-dtype", lambda c: dict(out=poisoned(c["x"], torch.float32)), TypeError),
-        ("out-shape", lambda c: dict(out=poisoned(c["x"][:-1])), ValueError),
-        ("out-aliases-x", lambda c: dict(out=c["x"]), ValueError),
-        ("rstd-shape", lambda c: dict(rstd=poisoned(c["x"], torch.float32, (5,))), ValueError),
+        ("x-int32", lambda c: dict(x=c["x"].to(torch.int32)), TypeError,
+         r"^x: expected dtype bfloat16 or float16 or float32, got int32\[16, 256\]"),
+        ("x-float64", lambda c: dict(x=c["x"].double()), TypeError,
+         r"^x: expected dtype bfloat16 or float16 or float32, got float64\[16, 256\]"),
+        ("x-cpu", lambda c: dict(x=c["x"].cpu()), ValueError,
+         r"^x: expected a CUDA tensor, got bfloat16\[16, 256\] on cpu$"),
+        ("x-strided", lambda c: dict(x=c["x"].t().contiguous().t()), ValueError,
+         r"^x: expected a contiguous tensor \[\.\.\., D\]"),
+        ("x-D-too-big", lambda c: _with_outputs(torch.zeros(2, 16385, dtype=torch.bfloat16,
+                                                            device="cuda")),
+         ValueError, _X_SHAPE_ERROR.format(16385)),
+        ("x-D-zero", lambda c: _with_outputs(torch.zeros(2, 0, dtype=torch.bfloat16,
+                                                         device="cuda")),
+         ValueError, _X_SHAPE_ERROR.format(0)),
+        ("weight-size", lambda c: dict(w=c["w"][:-1].clone()), ValueError,
+         r"^weight: expected \[D\] = \[256\] \(x's last dim\), got bfloat16\[255\]"),
+        ("weight-2d", lambda c: dict(w=c["w"].view(1, -1)), ValueError,
+         r"^weight: expected shape \[D\] = \[256\] in x's dtype or float32, got "
+         r"bfloat16\[1, 256\]"),
+        ("weight-fp16", lambda c: dict(w=c["w"].half()), TypeError,
+         r"^weight: expected dtype bfloat16 or float32, got float16\[256\]"),
+        ("weight-cpu", lambda c: dict(w=c["w"].cpu()), ValueError,
+         r"^weight: expected a CUDA tensor, got bfloat16\[256\] on cpu$"),
+        ("eps-zero", lambda c: dict(eps=0.0), ValueError,
+         r"^eps: expected a value > 0 \(in fp32\), got 0\.0$"),
+        ("eps-negative", lambda c: dict(eps=-1e-6), ValueError,
+         r"^eps: expected a value > 0 \(in fp32\), got -1e-06$"),
+        ("eps-nan", lambda c: dict(eps=float("nan")), ValueError,
+         r"^eps: expected a finite fp32 value, got nan$"),
+        ("eps-underflow", lambda c: dict(eps=1e-50), ValueError,
+         r"^eps: expected a value > 0 \(in fp32\), got 1e-50$"),
+        ("eps-str", lambda c: dict(eps="1e-6"), TypeError, r"^eps: expected a float, got str$"),
+        ("offset-inf", lambda c: dict(weight_offset=float("inf")), ValueError,
+         r"^weight_offset: expected a finite fp32 value, got inf$"),
+        ("residual-shape", lambda c: dict(r=c["x"][:-1].clone()), ValueError,
+         r"^residual: expected the shape of x \[16, 256\], got bfloat16\[15, 256\]"),
+        ("residual-dtype", lambda c: dict(r=c["x"].float()), TypeError,
+         r"^residual: expected dtype bfloat16, got float32\[16, 256\]"),
+        ("out-dtype", lambda c: dict(out=poisoned(c["x"], torch.float32)), TypeError,
+         _OUT.format("float32", "16, 256")),
+        ("out-shape", lambda c: dict(out=poisoned(c["x"][:-1])), ValueError,
+         _OUT.format("bfloat16", "15, 256")),
+        ("out-aliases-x", lambda c: dict(out=c["x"]), ValueError,
+         r"^out: must not share memory with x$"),
+        ("rstd-shape", lambda c: dict(rstd=poisoned(c["x"], torch.float32, (5,))), ValueError,
+         r"^rstd: expected a contiguous float32\[16\] on cuda:0, got float32\[5\] on cuda:0$"),
     ]
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
-@pytest.mark.parametrize("name,build,error", _bad_cases(), ids=[c[0] for c in _bad_cases()])
-def test_bad_forward_input_raises_before_launch(family, name, build, error):
+@pytest.mark.parametrize("name,build,error,match", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_forward_input_raises_before_launch(family, name, build, error, match):
+    """Refused with the argument named, and nothing written: ``out`` keeps its bits, and so does
+    every input (with ``out`` aliasing x, a write to out is a write to x)."""
     x, g, w, r, _ = make_case((16, 256), residual=True, seed=23)
     case = dict(x=x, g=g, w=w, r=r, eps=1e-6, weight_offset=0.0, out=poisoned(x),
                 rstd=poisoned(x, torch.float32, x.shape[:-1]))
     case.update(build(case))
-    sentinel = case["out"].clone()
-    with pytest.raises(error) as info:
+    tensors = [case[k] for k in ("x", "g", "w", "r", "out", "rstd")]
+    before = [_digest(t) for t in tensors]
+    with pytest.raises(error, match=match):
         family.forward(case["x"], case["g"], case["w"], case["r"], eps=case["eps"],
                        weight_offset=case["weight_offset"], out=case["out"], rstd=case["rstd"])
-    assert info.value.args[0].split(":")[0] in ("x", "g", "weight", "residual", "eps",
-                                                "weight_offset", "out", "rstd")
     torch.cuda.synchronize()
-    if case["out"].shape == sentinel.shape and case["out"].dtype == sentinel.dtype:
-        assert torch.equal(case["out"].isnan(), sentinel.isnan()), "out was written"
+    written = [k for k, t, d in zip(("x", "g", "w", "r", "out", "rstd"), tensors, before)
+               if _digest(t) != d]
+    assert not written, f"written by a refused call: {written}"
 
 
 def test_bad_gate_rejected():
@@ -554,20 +631,33 @@ def test_bad_backward_arguments(family):
     y, s, rstd = family.forward(x, g, w, r)
     dx = poisoned(x)
     bad = [
-        (dict(dy=dy.float()), TypeError), (dict(dy=dy[:-1].clone()), ValueError),
-        (dict(rstd=rstd[:-1].clone()), ValueError), (dict(rstd=rstd.double()), TypeError),
-        (dict(grad_dtype=torch.float16), ValueError),
-        (dict(dsum=torch.randn_like(x), has_residual=False), ValueError),
-        (dict(dresidual=poisoned(x), has_residual=False), ValueError),
-        (dict(workspace=torch.empty(1, dtype=torch.uint8, device="cuda")), ValueError),
-        (dict(dweight=poisoned(w, torch.float16)), TypeError),
-        (dict(dx=dy), ValueError),
+        (dict(dy=dy.float()), TypeError, r"^dy: expected dtype bfloat16, got float32\[16, 256\]"),
+        (dict(dy=dy[:-1].clone()), ValueError,
+         r"^dy: expected the shape of x \[16, 256\], got bfloat16\[15, 256\]"),
+        (dict(rstd=rstd[:-1].clone()), ValueError,
+         r"^rstd: expected float32 \[16\] \(x\.shape\[:-1\]\), got float32\[15\]"),
+        (dict(rstd=rstd.double()), TypeError, r"^rstd: expected dtype float32, got float64\[16\]"),
+        (dict(grad_dtype=torch.float16), ValueError,
+         r"^grad_dtype: expected torch\.float32 or the weight's dtype torch\.bfloat16, got "
+         r"torch\.float16$"),
+        (dict(dsum=torch.randn_like(x), has_residual=False), ValueError,
+         r"^dsum: given, but the forward had no residual \(residual=False\)$"),
+        (dict(dresidual=poisoned(x), has_residual=False), ValueError,
+         r"^dresidual: given, but the forward had no residual \(residual=False\)$"),
+        (dict(workspace=torch.empty(1, dtype=torch.uint8, device="cuda")), ValueError,
+         r"^workspace: needs \d+ bytes \(backward_workspace_bytes\), got 1 \(uint8\[1\]"),
+        (dict(dweight=poisoned(w, torch.float16)), TypeError,
+         r"^dweight: expected a contiguous float32\[256\] on cuda:0, got float16\[256\]"),
+        (dict(dx=dy), ValueError, r"^dx: must not share memory with dy$"),
     ]
-    for override, error in bad:
+    inputs = (dy, s, g, w, rstd)
+    before = [_digest(t) for t in inputs]
+    for override, error, match in bad:
         kw = dict(dy=dy, rstd=rstd, has_residual=True, dx=dx)
         kw.update(override)
         call_dy, call_rstd = kw.pop("dy"), kw.pop("rstd")
-        with pytest.raises(error):
+        with pytest.raises(error, match=match):
             family.backward(call_dy, s, g, w, call_rstd, **kw)
     torch.cuda.synchronize()
     assert dx.isnan().all()
+    assert [_digest(t) for t in inputs] == before, "an input was written (dx=dy aliases dy)"

@@ -4,8 +4,9 @@ Every family is vendored into a FlashInfer-shaped tree (``flashinfer/experimenta
 by a subprocess in which ``flashinfer`` cannot be imported; the vendored packages are then
 imported as top-level packages (their host cannot be imported) with ``cake`` blocked too.
 The toy family (``tests/toy_programs.py`` plus a toy Python package) covers the tool's
-rules; every real family (``manifests/cake_*.json`` with a ``cake/<name>/`` package) is
-vendored, gated and imported as well.
+rules, vendored from and gated by a miniature cake-train checkout (the gate compares a copy
+with the cake-train it runs from); every real family (``manifests/cake_*.json`` with a
+``cake/<name>/`` package) is vendored, gated and imported as well.
 """
 
 from __future__ import annotations
@@ -17,32 +18,14 @@ import re
 from pathlib import Path
 
 import pytest
-from vendor_tree import (PREFIX, REPO, TOY_FAMILY, codes, gate, host_tree, make_source_repo,
-                         manifest_of, real_families, run, run_vendored, sidecar, vendor)
+from vendor_tree import (PREFIX, REPO, TOY_FAMILY, codes, gate, host_tree, manifest_of,
+                         real_families, run, run_vendored, sidecar, vendor)
 
-from cake import vendored
+from cake import vendor_plan, vendored
 from cake.core import manifest as mf
 from cake.core import trust
 
 TORCH = importlib.util.find_spec("torch") is not None
-
-
-@pytest.fixture
-def source(tmp_path) -> Path:
-    return make_source_repo(tmp_path / "src")
-
-
-@pytest.fixture
-def into(tmp_path) -> Path:
-    return host_tree(tmp_path / "host")
-
-
-@pytest.fixture
-def toy(tmp_path, source, into) -> Path:
-    """The toy family vendored into the host tree; returns its package folder."""
-    result = vendor(tmp_path, into, repository=source)
-    assert result.returncode == 0, result.stderr
-    return into / TOY_FAMILY
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -77,8 +60,11 @@ def test_copy_layout(toy, source):
     record = sidecar(toy)
     assert record["package"] == f"{PREFIX}.{TOY_FAMILY}"
     assert record["source_package"] == f"cake.{TOY_FAMILY}"
+    assert record["cake_train_version"] == vendor_plan.package_version(source / "cake")
+    assert record["cake_train_commit"] == ""  # the source is not a git checkout
     assert record["upstream_manifest_sha256"] == mf.sha256_hex(mf.to_json(manifest).encode())
-    assert sorted(record["files"]) == sorted(vendored.package_files(toy))
+    assert sorted(record["files"]) == \
+        sorted(set(vendored.list_package(toy).files) - {"VENDORED.json"})
     for relative, sha256 in record["files"].items():
         assert mf.sha256_hex((toy / relative).read_bytes()) == sha256
 
@@ -133,7 +119,7 @@ def test_a_foreign_file_next_to_the_copy_fails_its_gate(tmp_path, source, into, 
     (toy / "notes.py").write_text("x = 1\n")
     result = vendor(tmp_path, into, repository=source)
     assert result.returncode == 1
-    assert f"{toy / 'notes.py'}:$: CM703 was not written by tools/vendor.py" in result.stderr
+    assert f"{toy / 'notes.py'}:$: CM705 is not a file of the upstream package" in result.stderr
 
 
 @pytest.mark.parametrize("statement", [
@@ -188,8 +174,8 @@ def test_usage_errors(tmp_path, source, into, case):
 # --------------------------------------------------------------------------- the gate
 
 
-def test_gate_passes_a_clean_copy(tmp_path, toy):
-    result = gate(tmp_path, tmp_path / "host", TOY_FAMILY)
+def test_gate_passes_a_clean_copy(toy, toy_gate):
+    result = toy_gate()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "check_manifests: ok in 1 manifest(s), 2 program(s)" in result.stdout
 
@@ -259,11 +245,11 @@ def _break_sidecar(package: Path) -> Path:
 @pytest.mark.parametrize("mutate,code", [
     (_tamper_source, "CM304"), (_rewrite_field, "CM702"), (_rewrite_package, "CM201"),
     (_import_host, "CM701"), (_import_above, "CM701"), (_edit_python, "CM703"),
-    (_add_module, "CM703"), (_remove_module, "CM703"), (_remove_sidecar, "CM704"),
+    (_add_module, "CM705"), (_remove_module, "CM703"), (_remove_sidecar, "CM704"),
     (_break_sidecar, "CM704")], ids=lambda v: getattr(v, "__name__", v).strip("_"))
-def test_gate_finds_each_mutation_with_its_own_code(tmp_path, toy, mutate, code):
+def test_gate_finds_each_mutation_with_its_own_code(toy, toy_gate, mutate, code):
     path = mutate(toy)
-    result = gate(tmp_path, tmp_path / "host", TOY_FAMILY)
+    result = toy_gate()
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 1, result.stdout
     assert codes(result.stdout) == [code], result.stdout
@@ -271,25 +257,23 @@ def test_gate_finds_each_mutation_with_its_own_code(tmp_path, toy, mutate, code)
                for line in result.stdout.splitlines()), result.stdout
 
 
-def test_gate_on_a_missing_package_is_a_usage_error(tmp_path, toy):
-    result = gate(tmp_path, tmp_path / "host", "cake_nothing_det_train")
+def test_gate_on_a_missing_package_is_a_usage_error(tmp_path, source, toy):
+    result = gate(tmp_path, tmp_path / "host", "cake_nothing_det_train", upstream=source)
     assert result.returncode == 2
     assert "no build.json" in result.stderr and "tools/vendor.py" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_gate_ignores_built_libraries_and_bytecode(tmp_path, toy):
-    """Build outputs (lib/ with its build record) and bytecode are not vendored files (no CM703);
-    the libraries are checked against their record instead (CM801)."""
+def test_gate_checks_built_libraries_against_their_record(toy, toy_gate):
+    """Build outputs (lib/ with its build record) are not vendored files (no CM705); the
+    libraries are checked against their record instead (CM801)."""
     (toy / "lib").mkdir()
     (toy / "lib" / "whatever_sm_90a.so").write_bytes(b"\x7fELF")
     trust.write_record(toy / "lib", [toy / "lib" / "whatever_sm_90a.so"])
-    (toy / "core" / "__pycache__").mkdir()
-    (toy / "core" / "__pycache__" / "loader.cpython-311.pyc").write_bytes(b"\0")
-    result = gate(tmp_path, tmp_path / "host", TOY_FAMILY)
+    result = toy_gate()
     assert result.returncode == 0, result.stdout + result.stderr
     (toy / "lib" / "stray_sm_90a.so").write_bytes(b"\x7fELF")
-    result = gate(tmp_path, tmp_path / "host", TOY_FAMILY)
+    result = toy_gate()
     assert result.returncode == 1 and codes(result.stdout) == ["CM801"], result.stdout
     assert "lib/stray_sm_90a.so is not in the build record" in result.stdout
 
@@ -350,9 +334,14 @@ def test_real_family_vendors_and_passes_the_gate(real_tree, name):
 def test_real_family_imports_without_cake_or_its_host(real_tree, name):
     work, into = real_tree
     public = sorted(n for n in _public_names(name))
+    # The families under a neutral parent package (not the host's): a KCP family imports its
+    # base family as a sibling.
     result = run_vendored(work, into, f"""
-        import sys
-        import {name} as family
+        import importlib, sys, types
+        parent = types.ModuleType("vendored")
+        parent.__path__ = [{str(into)!r}]
+        sys.modules["vendored"] = parent
+        family = importlib.import_module("vendored.{name}")
         assert sorted(family.__all__) == {public!r}, family.__all__
         outside = sorted({{m.split(".")[0] for m in sys.modules}} & {{"cake", "flashinfer"}})
         assert not outside, outside
@@ -385,12 +374,15 @@ def test_installed_and_vendored_register_distinct_torch_ops(real_tree, name):
     """
     work, into = real_tree
     result = run([os.sys.executable, "-c", f"""
-import sys
-sys.path[:0] = [{str(REPO)!r}, {str(into)!r}]
+import importlib, sys, types
+sys.path[:0] = [{str(REPO)!r}]
 from torch._library import custom_ops
 import cake.{name}
 installed = dict(custom_ops.OPDEFS)
-import {name}
+parent = types.ModuleType("vendored")  # a neutral parent: a KCP family imports its base beside it
+parent.__path__ = [{str(into)!r}]
+sys.modules["vendored"] = parent
+importlib.import_module("vendored.{name}")
 replaced = sorted(q for q, op in installed.items() if custom_ops.OPDEFS[q] is not op)
 print(replaced)
 """], work)

@@ -1,9 +1,10 @@
 """README's host pre-commit configuration for vendored packages, through the real pre-commit.
 
 The YAML block of README.md's "Vendoring" section is used as written, with only ``repo``
-pointed at a fresh git repository holding this working tree's hook files and ``rev`` at its
-commit. The host is a fresh git repository with a FlashInfer-shaped tree into which the
-packages that block names are vendored; ``flashinfer`` is unimportable throughout.
+pointed at a fresh git repository holding this working tree's hook files and what the gate
+compares a copy with (the families' modules, manifests and sources), and ``rev`` at its commit.
+The host is a fresh git repository with a FlashInfer-shaped tree into which the packages that
+block names are vendored from that commit; ``flashinfer`` is unimportable throughout.
 """
 
 from __future__ import annotations
@@ -12,17 +13,15 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from vendor_tree import PREFIX, REPO, host_tree, run, vendor
+from vendor_tree import PREFIX, REPO, commit_all, host_tree, run, vendor
 
 README = REPO / "README.md"
-HOOK_FILES = [".pre-commit-hooks.yaml", "tools", "cake"]
-GIT = ["git", "-c", "user.name=cake tests", "-c", "user.email=tests@cake.invalid",
-       "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main"]
+# The hook and what its entry runs, and the upstream the gate compares a vendored copy with.
+HOOK_FILES = [".pre-commit-hooks.yaml", "tools", "cake", "manifests", "csrc"]
 
 
 def vendoring_section(text: str) -> str:
@@ -48,17 +47,6 @@ def hook_config(section: str) -> str:
     return blocks[0]
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True,
-                          timeout=60).stdout.strip()
-
-
-def _commit_all(cwd: Path, message: str) -> str:
-    _git(cwd, "add", "-A")
-    _git(cwd, "commit", "-q", "--allow-empty", "-m", message)
-    return _git(cwd, "rev-parse", "HEAD")
-
-
 def _hook_repository(tmp_path: Path) -> tuple[Path, str]:
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -68,8 +56,7 @@ def _hook_repository(tmp_path: Path) -> tuple[Path, str]:
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(REPO / name, hooks / name)
-    _git(hooks, "init", "-q")
-    return hooks, _commit_all(hooks, "hooks")
+    return hooks, commit_all(hooks, "hooks")
 
 
 def test_readme_hook_passes_a_clean_copy_and_fails_a_tampered_one(tmp_path):
@@ -88,11 +75,11 @@ def test_readme_hook_passes_a_clean_copy_and_fails_a_tampered_one(tmp_path):
 
     host = tmp_path / "host"
     into = host_tree(host)
-    result = vendor(tmp_path, into, *[a for p in packages for a in ("--package", p)])
+    result = vendor(tmp_path, into, *[a for p in packages for a in ("--package", p)],
+                    repository=hooks)
     assert result.returncode == 0, result.stderr
     (host / ".pre-commit-config.yaml").write_text(config)
-    _git(host, "init", "-q")
-    _commit_all(host, "vendored")
+    commit_all(host, "vendored")
 
     def pre_commit():
         return run([sys.executable, "-m", "pre_commit", "run", "--all-files", "--verbose"],
@@ -106,7 +93,7 @@ def test_readme_hook_passes_a_clean_copy_and_fails_a_tampered_one(tmp_path):
 
     module = into / packages[0] / "_function.py"
     module.write_text(module.read_text() + "import flashinfer\n")
-    _commit_all(host, "tampered")
+    commit_all(host, "tampered")
     tampered = pre_commit()
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
     assert re.search(r"cake-train vendored gate\.+Failed", tampered.stdout)

@@ -1,6 +1,8 @@
 """The vendored build and run (SPEC section 6): ci/build_vendored.sh on a FlashInfer-shaped tree.
 
-One host tree holds the toy family and every real family. ``ci/build_vendored.sh DIR sm_90a
+One host tree holds the toy family and every real family, vendored from a copy of this
+checkout with the toy family added (the gate compares each copy with the cake-train it runs
+from, so one upstream holds them all). That copy's ``ci/build_vendored.sh DIR sm_90a
 TARGET...`` builds it with ``flashinfer`` unimportable in every process (the gate, CMake's
 configure step running tools/build_plan.py, nvcc). To keep CI short it builds, for sm_90a
 only, the toy family's first program and the first program of each real family (one
@@ -20,8 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from vendor_tree import (BUILD_VENDORED, PREFIX, TOY_FAMILY, gate, host_tree, make_source_repo,
-                         manifest_of, real_families, run, run_vendored, vendor)
+from vendor_tree import (BUILD_VENDORED, PREFIX, REPO, TOY_FAMILY, gate, host_tree,
+                         make_source_repo, manifest_of, real_families, run, run_vendored, vendor)
 
 from cake.core import trust
 
@@ -36,11 +38,8 @@ def built(tmp_path_factory) -> tuple[Path, Path, dict[str, list[str]]]:
         pytest.skip("nvcc is not installed")
     work = tmp_path_factory.mktemp("vendored-build")
     into = host_tree(work / "host")
-    source = make_source_repo(work / "src")
-    for repository in (source, None):
-        arguments = ["--repository", str(source)] if repository else []
-        result = vendor(work, into, *arguments)
-        assert result.returncode == 0, result.stderr
+    result = vendor(work, into, repository=make_source_repo(upstream(work), whole_checkout=True))
+    assert result.returncode == 0, result.stderr
     wanted = {TOY_FAMILY: [manifest_of(into / TOY_FAMILY).programs[0].library]}
     for name in real_families():
         wanted[name] = [next(p.library for p in manifest_of(into / name).programs
@@ -51,8 +50,17 @@ def built(tmp_path_factory) -> tuple[Path, Path, dict[str, list[str]]]:
     return work, into, wanted
 
 
+def upstream(work: Path) -> Path:
+    """The cake-train checkout the families are vendored from, built with and gated by."""
+    return work / "src"
+
+
+def build_script(work: Path) -> Path:
+    return upstream(work) / BUILD_VENDORED.relative_to(REPO)
+
+
 def build(work: Path, into: Path, targets: list[str]):
-    return run(["bash", BUILD_VENDORED, into, ARCH, *targets], work, timeout=1800,
+    return run(["bash", build_script(work), into, ARCH, *targets], work, timeout=1800,
                PYTHON=sys.executable, CAKE_BUILD_DIR=str(work / "build"))
 
 
@@ -74,7 +82,7 @@ def test_a_build_of_every_target_records_its_libraries(built, tmp_path):
     shutil.copytree(work / "host", host)
     package = host.joinpath(*PREFIX.split("."), TOY_FAMILY)
     shutil.rmtree(package / "lib")
-    result = run(["bash", BUILD_VENDORED, package, ARCH], tmp_path, timeout=1800,
+    result = run(["bash", build_script(work), package, ARCH], tmp_path, timeout=1800,
                  PYTHON=sys.executable, CAKE_BUILD_DIR=str(tmp_path / "build"))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     names = sorted(f"{p.library}_{ARCH}.so" for p in manifest_of(package).programs)
@@ -94,7 +102,7 @@ def test_a_second_build_does_nothing(built):
 
 def test_the_gate_still_passes_after_the_build(built):
     work, into, wanted = built
-    result = gate(work, work / "host", *wanted)
+    result = gate(work, work / "host", *wanted, upstream=upstream(work))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -106,7 +114,7 @@ def test_a_tampered_tree_is_not_built(built, tmp_path):
     shutil.rmtree(package / "lib")
     module = package / "_function.py"
     module.write_text(module.read_text() + "import flashinfer\n")
-    result = run(["bash", BUILD_VENDORED, package.parent, ARCH], tmp_path,
+    result = run(["bash", build_script(work), package.parent, ARCH], tmp_path,
                  PYTHON=sys.executable, CAKE_BUILD_DIR=str(tmp_path / "build"))
     assert result.returncode != 0 and ": CM701 " in result.stdout, result.stdout
     assert not (package / "lib").exists()

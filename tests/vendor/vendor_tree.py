@@ -7,8 +7,11 @@
   for ``flashinfer`` and ``flashinfer.*`` (and, for a vendored run, ``cake`` and ``cake.*``),
   so the tool, the gate, the build and the vendored run all prove they never import them.
 * :func:`make_source_repo` is a cake-train checkout in miniature: the compilable toy family
-  of ``tests/toy_programs.py`` plus the real ``cake/core/`` and a toy family package that
-  imports the runtime as real families do (``from ..core import ...``).
+  of ``tests/toy_programs.py`` plus the real ``cake/core/``, the checker and the vendoring
+  tools (the gate compares a copy with the cake-train it runs from, so the gate of a toy copy
+  runs from here) and a toy family package that imports the runtime as real families do
+  (``from ..core import ...``). :func:`install_upstream` lays such a checkout out as pip
+  installs cake-train.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ VENDOR = REPO / "tools" / "vendor.py"
 CHECKER = REPO / "tools" / "check_manifests.py"
 BUILD_VENDORED = REPO / "ci" / "build_vendored.sh"
 PREFIX = "flashinfer.experimental.cake"
+# A cake-train checkout, as far as vendoring, the gate and ci/build_vendored.sh use it.
+CHECKOUT = ["cake", "tools", "ci", "csrc", "manifests", "CMakeLists.txt"]
+GIT = ["git", "-c", "user.name=cake tests", "-c", "user.email=tests@cake.invalid",
+       "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main"]
 HOST_BLOCKED = ("flashinfer",)
 RUN_BLOCKED = ("flashinfer", "cake")
 
@@ -104,18 +111,46 @@ def host_tree(root: Path) -> Path:
     return into
 
 
-def make_source_repo(root: Path) -> Path:
-    """A miniature cake-train checkout with the toy family as a Python package; returns root."""
+def make_source_repo(root: Path, whole_checkout: bool = False) -> Path:
+    """A miniature cake-train checkout with the toy family as a Python package; returns root.
+    ``whole_checkout`` adds the rest of this one: the real families, the build and ci/."""
     root = Path(root)
     make_toy_repo(root)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "cake" / "core", root / "cake" / "core", ignore=ignore)
-    shutil.copyfile(REPO / "cake" / "__init__.py", root / "cake" / "__init__.py")
+    copied = CHECKOUT if whole_checkout else [
+        "cake/core", *[f"cake/{p.name}" for p in (REPO / "cake").glob("*.py")],
+        f"tools/{CHECKER.name}", f"tools/{VENDOR.name}"]  # the package, the checker, the tools
+    for relative in copied:
+        if (REPO / relative).is_dir():
+            shutil.copytree(REPO / relative, root / relative, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+        else:
+            shutil.copy2(REPO / relative, root / relative)
     family = root / "cake" / TOY_FAMILY
     family.mkdir()
     (family / "__init__.py").write_text(TOY_INIT)
     (family / "_function.py").write_text(TOY_FUNCTION)
     return root
+
+
+def install_upstream(source: Path, site: Path) -> Path:
+    """``source``'s ``cake/`` as pip installs it (CMakeLists.txt: cake_add_package): each
+    family's manifest as ``build.json``, its sources and headers under ``csrc/``; returns
+    ``site/cake``."""
+    package = Path(site) / "cake"
+    shutil.copytree(Path(source) / "cake", package,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in mf.repository_families(source):
+        tree = mf.repository_tree(source, name)
+        manifest = mf.read(tree.manifest_path)
+        files = {mf.MANIFEST_NAME: tree.manifest_path}
+        files.update((f"csrc/{s.path}", tree.source_path(s))
+                     for program in manifest.programs for s in program.sources)
+        files.update((f"csrc/include/{h.path}", tree.header_path(h.path))
+                     for h in manifest.headers)
+        for relative, path in files.items():
+            (package / name / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, package / name / relative)
+    return package
 
 
 def real_families() -> list[str]:
@@ -149,15 +184,41 @@ def vendor(tmp_path: Path, into: Path, *arguments: str, repository: Path = REPO)
                 "--repository", repository, *arguments], tmp_path)
 
 
-def gate(tmp_path: Path, host: Path, *packages: str):
+def gate(tmp_path: Path, host: Path, *packages: str, upstream: Path = REPO):
+    """``check_manifests --vendored-gate`` of the cake-train checkout ``upstream``."""
     arguments = [a for p in packages for a in ("--package", f"{PREFIX}.{p}")]
-    return run([sys.executable, CHECKER, "--vendored-gate", "--root", host, *arguments], tmp_path)
+    checker = Path(upstream) / "tools" / CHECKER.name
+    return run([sys.executable, checker, "--vendored-gate", "--root", host, *arguments], tmp_path)
+
+
+def installed_gate(tmp_path: Path, host: Path, site: Path, *packages: str):
+    """``check_manifests --vendored-gate`` of a cake-train installed in ``site`` (its console
+    script)."""
+    arguments = [a for p in packages for a in ("--package", f"{PREFIX}.{p}")]
+    script = "import sys; from cake.checker import main; raise SystemExit(main(sys.argv[1:]))"
+    return run([sys.executable, "-c", script, "--vendored-gate", "--root", host, *arguments],
+               tmp_path, path=[site])
 
 
 def run_vendored(tmp_path: Path, into: Path, script: str, **env) -> subprocess.CompletedProcess:
     """Runs ``script`` with ``into`` on sys.path and flashinfer and cake blocked."""
     return run([sys.executable, "-c", textwrap.dedent(script)], tmp_path, RUN_BLOCKED,
                [into], **env)
+
+
+def git(cwd: Path, *arguments: str) -> str:
+    """Runs git in ``cwd`` with a test identity; returns its output."""
+    return subprocess.run([*GIT, *arguments], cwd=cwd, check=True, capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+
+
+def commit_all(cwd: Path, message: str) -> str:
+    """Commits every file of the git repository ``cwd`` (made if needed); returns the commit."""
+    if not (Path(cwd) / ".git").exists():
+        git(cwd, "init", "-q")
+    git(cwd, "add", "-A")
+    git(cwd, "commit", "-q", "--allow-empty", "-m", message)
+    return git(cwd, "rev-parse", "HEAD")
 
 
 def codes(stdout: str) -> list[str]:

@@ -115,7 +115,8 @@ extern "C" const int cake_program_image_count;
 // The library's state: the driver and the loaded images, made by the first call of any entry.
 class Program {
  public:
-  static constexpr int kMaxImages = 8;
+  // A program has at most 31 kernel sources (the build's step limit, CMakeLists.txt).
+  static constexpr int kMaxImages = 31;
 
   // The driver with every image loaded, or null after writing the reason into `error`.
   static const Program* get(char* error, int32_t error_len) {
