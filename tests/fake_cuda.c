@@ -13,6 +13,10 @@
  * succeeded; fake_set_kernels(names) restricts cuLibraryGetKernel to those symbols (newline
  * separated; the others are CUDA_ERROR_NOT_FOUND, as a real image without them);
  * fake_set_current_device(d) makes cuCtxGetDevice answer d (the device of the current context);
+ * fake_drop_context() leaves the calling thread without a current context, as a thread is before
+ * its first CUDA runtime call: cuCtxGetDevice and cuLaunchKernel then fail with
+ * CUDA_ERROR_INVALID_CONTEXT until cuCtxSetCurrent (contexts are 0x100 + device; a stream's is
+ * the current device's);
  * fake_set_quiet(1) makes cuLaunchKernel count launches (fake_launch_count) instead of recording
  * them, so that a benchmark of the host path does not time the record's formatting.
  * No CUDA runtime function is defined here: a library that needed one would not load. */
@@ -43,6 +47,8 @@ static int fail_after = 0;
 static int device_major = 9, device_minor = 0, device_sms = 132, device_count = 1;
 static int current_device = 0; /* what cuCtxGetDevice answers (fake_set_current_device) */
 static int quiet = 0;          /* launches counted, not recorded (fake_set_quiet) */
+static __thread int context_dropped = 0; /* this thread has none unless it set one */
+static __thread int context_set = -1;    /* the device of the context it set, or -1 */
 static long launch_count = 0;
 
 static void record(const char* format, ...) {
@@ -122,6 +128,17 @@ EXPORT void fake_set_current_device(int device) {
   pthread_mutex_unlock(&lock);
 }
 
+EXPORT void fake_drop_context(void) {
+  context_dropped = 1;
+  context_set = -1;
+}
+
+/* The device of the calling thread's current context, or -1 without one (lock held). */
+static int context_device(void) {
+  if (context_set >= 0) return context_set;
+  return context_dropped ? -1 : current_device;
+}
+
 /* ----------------------------------------------------------------------------- the driver */
 
 EXPORT CUresult cuInit(unsigned flags) {
@@ -176,11 +193,48 @@ EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
 EXPORT CUresult cuCtxGetDevice(int* device) {
   pthread_mutex_lock(&lock);
   CUresult error = failing("cuCtxGetDevice");
-  int current = current_device;
+  int current = context_device();
   pthread_mutex_unlock(&lock);
+  if (!error && current < 0) error = 201; /* CUDA_ERROR_INVALID_CONTEXT */
   if (error) return error;
   *device = current;
   return 0;
+}
+
+EXPORT CUresult cuCtxGetCurrent(void** context) {
+  pthread_mutex_lock(&lock);
+  CUresult error = failing("cuCtxGetCurrent");
+  int device = context_device();
+  pthread_mutex_unlock(&lock);
+  if (!error) *context = device < 0 ? NULL : (void*)(intptr_t)(0x100 + device);
+  return error;
+}
+
+EXPORT CUresult cuCtxSetCurrent(void* context) {
+  pthread_mutex_lock(&lock);
+  CUresult error = failing("cuCtxSetCurrent");
+  if (!error) context_set = context == NULL ? -1 : (int)((intptr_t)context - 0x100);
+  record("cuCtxSetCurrent context=%p error=%d", context, error);
+  pthread_mutex_unlock(&lock);
+  return error;
+}
+
+EXPORT CUresult cuStreamGetCtx(void* stream, void** context) {
+  pthread_mutex_lock(&lock);
+  CUresult error = failing("cuStreamGetCtx");
+  if (!error) *context = (void*)(intptr_t)(0x100 + current_device);
+  record("cuStreamGetCtx stream=%p error=%d", stream, error);
+  pthread_mutex_unlock(&lock);
+  return error;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(void** context, int device) {
+  pthread_mutex_lock(&lock);
+  CUresult error = failing("cuDevicePrimaryCtxRetain");
+  if (!error) *context = (void*)(intptr_t)(0x100 + device);
+  record("cuDevicePrimaryCtxRetain device=%d error=%d", device, error);
+  pthread_mutex_unlock(&lock);
+  return error;
 }
 
 EXPORT CUresult cuLibraryLoadData(void** library, const void* image, void* jit_options,
@@ -249,6 +303,7 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigne
                                unsigned by, unsigned bz, unsigned smem, void* stream,
                                void** params, void** extra) {
   (void)extra;
+  if (context_device() < 0) return 201; /* CUDA_ERROR_INVALID_CONTEXT, as the driver's */
   if (quiet) {
     pthread_mutex_lock(&lock);
     CUresult error = failing("cuLaunchKernel");

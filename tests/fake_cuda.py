@@ -121,6 +121,11 @@ class FakeDriver:
         """The device cuCtxGetDevice reports (the current context's), until the next reset."""
         self.lib.fake_set_current_device(device)
 
+    def drop_context(self) -> None:
+        """The calling thread has no current context (a thread before its first CUDA runtime
+        call) until a library sets one; for that thread only, and reset does not undo it."""
+        self.lib.fake_drop_context()
+
     def set_quiet(self, on: bool = True) -> None:
         """Launches are counted (:meth:`launch_count`), not recorded, until the next reset."""
         self.lib.fake_set_quiet(int(on))

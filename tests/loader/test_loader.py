@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -670,6 +671,73 @@ def test_quiet_fake_counts_launches_without_recording_them(fresh, fake):
     assert fake.launch_count() == 0
     scale(0, **scale_arguments())
     assert len(fake.launches()) == 1  # reset ends quiet mode
+
+
+def in_thread_without_context(fake, function):
+    """Runs ``function`` on a new thread that has no current context (as autograd's backward
+    thread on device 0, whose cudaSetDevice torch skips); returns its result or raises its error."""
+    outcome = {}
+
+    def body():
+        fake.drop_context()
+        try:
+            outcome["value"] = function()
+        except Exception as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = exc
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@compiles
+@pytest.mark.parametrize("stream", [0, 0x1, 0x2])
+def test_a_thread_without_context_on_a_default_stream_gets_device_0s_primary_context(
+        fresh, fake, stream):
+    """What the CUDA runtime would do at the thread's first call: retain device 0's primary
+    context and make it current, once per thread; the launch then succeeds."""
+    scale = fresh(0).entry("scale")
+
+    def twice():
+        scale(stream, **scale_arguments(smem_bytes=64 * 1024))
+        scale(stream, **scale_arguments())
+    in_thread_without_context(fake, twice)
+    assert fake.calls("cuDevicePrimaryCtxRetain") == ["cuDevicePrimaryCtxRetain device=0 error=0"]
+    assert [line.split()[1] for line in fake.calls("cuCtxSetCurrent")] == ["context=0x100"]
+    assert fake.calls("cuStreamGetCtx") == []
+    assert len(fake.launches()) == 2 and set_attribute_calls(fake) == [(8, 65536, 0)]
+
+
+@compiles
+def test_a_thread_without_context_on_a_stream_gets_the_streams_context(fresh, fake):
+    scale = fresh(0).entry("scale")
+    fake.set_current_device(1)  # the fake's streams belong to the current device
+    in_thread_without_context(fake, lambda: scale(0x5, **scale_arguments()))
+    assert len(fake.calls("cuStreamGetCtx")) == 1 and "stream=0x5 " in fake.calls("cuStreamGetCtx")[0]
+    assert [line.split()[1] for line in fake.calls("cuCtxSetCurrent")] == ["context=0x101"]
+    assert fake.calls("cuDevicePrimaryCtxRetain") == []
+    assert [launch.stream for launch in fake.launches()] == [0x5]
+
+
+@compiles
+def test_a_thread_with_a_context_keeps_it(fresh, fake):
+    scale = fresh(0).entry("scale")
+    scale(0x5, **scale_arguments())
+    scale(0, **scale_arguments())
+    assert fake.calls("cuCtxSetCurrent") == fake.calls("cuStreamGetCtx") == []
+    assert fake.calls("cuDevicePrimaryCtxRetain") == [] and len(fake.launches()) == 2
+
+
+@compiles
+def test_a_context_the_driver_cannot_make_current_is_the_entrys_error(fresh, fake):
+    scale = fresh(0).entry("scale")
+    fake.fail("cuDevicePrimaryCtxRetain", 2)
+    with pytest.raises(RuntimeError, match=r"kernel_\w+_scale: cuDevicePrimaryCtxRetain failed: "
+                                           r"CUDA_ERROR_OUT_OF_MEMORY \(2\)"):
+        in_thread_without_context(fake, lambda: scale(0, **scale_arguments()))
+    assert fake.launches() == []
 
 
 @compiles

@@ -6,8 +6,8 @@
 //     once per process, whichever thread calls first;
 //   - a kernel is looked up by name once (cuLibraryGetKernel);
 //   - per-device work (raising a kernel's dynamic shared-memory limit) is done once per device;
-//   - launches go to the caller's stream with cuLaunchKernel, in the current context (the one
-//     torch made current for the device).
+//   - launches go to the caller's stream with cuLaunchKernel, in the thread's current context;
+//     a thread without one gets the context the CUDA runtime would give it (ensure_context).
 // A driver error becomes the entry's status (kCudaError) with a message naming the driver call,
 // the driver's error name and the kernel. Host-only C++ (no exceptions, no RTTI, no libstdc++
 // symbols): the library's NEEDED list is libc alone.
@@ -45,11 +45,15 @@ namespace cake {
 namespace cu {
 using Result = int;
 using Device = int;
+using Context = struct ContextHandle*;
 using Library = struct LibraryHandle*;
 using Kernel = struct KernelHandle*;
 using Function = struct FunctionHandle*;
 using Stream = struct StreamHandle*;
 constexpr Result kSuccess = 0;
+// The legacy and per-thread default streams' handles (0 is the legacy one too).
+inline const Stream kStreamLegacy = reinterpret_cast<Stream>(0x1);
+inline const Stream kStreamPerThread = reinterpret_cast<Stream>(0x2);
 constexpr int kFuncAttributeMaxDynamicSharedSize = 8;
 constexpr int kFuncAttributePreferredSharedCarveout = 9;
 constexpr int kSharedCarveoutMaxShared = 100;
@@ -66,6 +70,11 @@ struct Driver {
   cu::Result (*init)(unsigned);
   cu::Result (*get_error_name)(cu::Result, const char**);
   cu::Result (*ctx_get_device)(cu::Device*);
+  cu::Result (*ctx_get_current)(cu::Context*);
+  cu::Result (*ctx_set_current)(cu::Context);
+  cu::Result (*stream_get_ctx)(cu::Stream, cu::Context*);
+  cu::Result (*device_get)(cu::Device*, int);
+  cu::Result (*device_primary_ctx_retain)(cu::Context*, cu::Device);
   cu::Result (*device_get_attribute)(int*, int, cu::Device);
   cu::Result (*library_load_data)(cu::Library*, const void*, void*, void**, unsigned, void*, void**,
                                   unsigned);
@@ -155,6 +164,11 @@ class Program {
     if (!detail::resolve(handle, "cuInit", d.init) ||
         !detail::resolve(handle, "cuGetErrorName", d.get_error_name) ||
         !detail::resolve(handle, "cuCtxGetDevice", d.ctx_get_device) ||
+        !detail::resolve(handle, "cuCtxGetCurrent", d.ctx_get_current) ||
+        !detail::resolve(handle, "cuCtxSetCurrent", d.ctx_set_current) ||
+        !detail::resolve(handle, "cuStreamGetCtx", d.stream_get_ctx) ||
+        !detail::resolve(handle, "cuDeviceGet", d.device_get) ||
+        !detail::resolve(handle, "cuDevicePrimaryCtxRetain", d.device_primary_ctx_retain) ||
         !detail::resolve(handle, "cuDeviceGetAttribute", d.device_get_attribute) ||
         !detail::resolve(handle, "cuLibraryLoadData", d.library_load_data) ||
         !detail::resolve(handle, "cuLibraryGetKernel", d.library_get_kernel) ||
@@ -243,20 +257,54 @@ class Kernel {
   std::atomic<int> smem_[kDevices] = {};
 };
 
+// Makes a context current on the calling thread when it has none, as the CUDA runtime does at a
+// thread's first call: `stream`'s context, or for a default stream the primary context of
+// device 0. A thread has none until its first runtime call that needs one, and torch skips
+// cudaSetDevice(0) on a thread whose runtime device is already 0: autograd's backward thread
+// reaches an entry so. A thread that set another device has that device's context current
+// (cudaSetDevice makes it current since CUDA 12), so "none" means the runtime's device is 0.
+inline int ensure_context(const Driver& d, void* stream, const char* name, char* error,
+                          int32_t error_len) {
+  cu::Context context = nullptr;
+  cu::Result result = d.ctx_get_current(&context);
+  if (result != cu::kSuccess)
+    return driver_fail(&d, result, "cuCtxGetCurrent", name, error, error_len);
+  if (context != nullptr) return kOk;
+  const cu::Stream handle = static_cast<cu::Stream>(stream);
+  if (handle != nullptr && handle != cu::kStreamLegacy && handle != cu::kStreamPerThread) {
+    result = d.stream_get_ctx(handle, &context);
+    if (result != cu::kSuccess)
+      return driver_fail(&d, result, "cuStreamGetCtx", name, error, error_len);
+  } else {
+    cu::Device device = 0;
+    result = d.device_get(&device, 0);
+    if (result == cu::kSuccess) result = d.device_primary_ctx_retain(&context, device);
+    if (result != cu::kSuccess)
+      return driver_fail(&d, result, "cuDevicePrimaryCtxRetain", name, error, error_len);
+  }
+  result = d.ctx_set_current(context);
+  if (result != cu::kSuccess)
+    return driver_fail(&d, result, "cuCtxSetCurrent", name, error, error_len);
+  return kOk;
+}
+
 // A kernel ready to launch on the current device: looked up, its shared-memory limit raised.
 struct Prepared {
   const Program* program;
   cu::Kernel kernel;
 };
 
-// Prepares `name` (its Kernel slot `slot`) for launches with `smem` bytes of dynamic shared
-// memory: above the 48 KiB default (plus `reserved` bytes of static shared memory) the kernel's
-// limit is raised first; `prefer_shared` also asks for the largest shared-memory carveout then.
+// Prepares `name` (its Kernel slot `slot`) for launches on `stream` with `smem` bytes of dynamic
+// shared memory: the thread gets a current context if it has none; above the 48 KiB default
+// (plus `reserved` bytes of static shared memory) the kernel's limit is raised first;
+// `prefer_shared` also asks for the largest shared-memory carveout then.
 inline int prepare(Kernel& slot, const char* name, int smem, int reserved, bool prefer_shared,
-                   Prepared* out, char* error, int32_t error_len) {
+                   void* stream, Prepared* out, char* error, int32_t error_len) {
   out->program = Program::get(error, error_len);
   if (out->program == nullptr) return kCudaError;
-  const int status = slot.handle(*out->program, name, &out->kernel, error, error_len);
+  int status = ensure_context(out->program->driver(), stream, name, error, error_len);
+  if (status != kOk) return status;
+  status = slot.handle(*out->program, name, &out->kernel, error, error_len);
   if (status != kOk || smem + reserved <= 48 * 1024) return status;
   return slot.allow_smem(*out->program, out->kernel, name, smem, prefer_shared, error, error_len);
 }
@@ -278,7 +326,8 @@ inline int launch(Kernel& slot, const char* name, Dim3 grid, Dim3 block, int sme
                   void** params, char* error, int32_t error_len, int reserved = 0,
                   bool prefer_shared = false) {
   Prepared prepared{};
-  const int status = prepare(slot, name, smem, reserved, prefer_shared, &prepared, error, error_len);
+  const int status =
+      prepare(slot, name, smem, reserved, prefer_shared, stream, &prepared, error, error_len);
   if (status != kOk) return status;
   return launch_prepared(prepared, name, grid, block, smem, stream, params, error, error_len);
 }

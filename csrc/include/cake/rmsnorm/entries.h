@@ -127,8 +127,8 @@ int launch_forward(ForwardParams p, void* stream, char* error, int32_t error_len
   static Kernel slot;
   const char* name = kForwardSymbol<kEpt, kTpr>.text;
   Prepared prepared{};
-  int status = prepare(slot, name, static_cast<int>(smem), kStaticSmem, false, &prepared, error,
-                       error_len);
+  int status = prepare(slot, name, static_cast<int>(smem), kStaticSmem, false, stream, &prepared,
+                       error, error_len);
   if (status != kOk) return status;
   const int64_t needed = (p.rows + groups - 1) / groups;
   int64_t grid = 0;
