@@ -13,11 +13,13 @@ meta-path blocker):
    ``<host>/flashinfer/experimental/cake/``; ``check_manifests --vendored-gate`` runs inside
    ``ci/build_vendored.sh``, which builds every program of the vendored tree for ``--arch``
    into ``<package>/lib`` (``--jit-only`` skips the build: the vendored run then compiles).
-2. A child process imports the vendored package as a top-level package with ``flashinfer``
-   AND ``cake`` blocked, with ``CAKE_JIT=0`` (so every library it uses must come from the
-   vendored build), runs the family's own bitwise cases (``<family>._selftest.bitwise_cases``:
-   autograd forward and backward on seeded inputs) and saves the outputs and gradients and the
-   libraries it loaded.
+2. A child process imports the vendored package under a neutral parent package
+   (``vendored.<family>``, as tests/vendor does: a KCP family imports its base family beside
+   it, ``from ..<base>``, which needs a parent) with ``flashinfer`` AND ``cake`` blocked, with
+   ``CAKE_JIT=0`` (so every library it uses must come from the vendored build: a KCP family's
+   from its own and its base family's), runs the family's own bitwise cases
+   (``<family>._selftest.bitwise_cases``: autograd forward and backward on seeded inputs) and
+   saves the outputs and gradients and the libraries it loaded.
 3. A second child runs the same cases through ``cake.<family>`` from this checkout (its
    loader's normal path: prebuilt, else JIT cache, else a JIT compile into a fresh cache).
 4. The parent compares every tensor bitwise (bytes) and prints one line per tensor and a
@@ -51,10 +53,22 @@ def child(side: str, family_name: str, output: Path) -> None:
     """Runs the family's own bitwise cases (``<family>._selftest.bitwise_cases``) in this process
     and saves the outputs and the libraries it loaded."""
     import importlib
+    import importlib.machinery
+    import types
 
     import torch
 
-    module_name = family_name if side == "vendored" else f"cake.{family_name}"
+    module_name = f"cake.{family_name}"
+    if side == "vendored":
+        # The host folder the vendored families sit in (on this child's path) becomes the
+        # neutral parent package, so a KCP family's sibling import of its base resolves.
+        found = importlib.machinery.PathFinder.find_spec(family_name)
+        if found is None or not found.submodule_search_locations:
+            raise SystemExit(f"gpu_vendored_check: the vendored {family_name} is not on the path")
+        parent = types.ModuleType("vendored")
+        parent.__path__ = [str(Path(found.submodule_search_locations[0]).parent)]
+        sys.modules["vendored"] = parent
+        module_name = f"vendored.{family_name}"
     family = importlib.import_module(module_name)
     cases = importlib.import_module(f"{module_name}._selftest").bitwise_cases
     loader = importlib.import_module(f"{module_name}.core.loader" if side == "vendored"
@@ -166,6 +180,8 @@ def check(args: argparse.Namespace, families: list[str], work: Path) -> int:
     import torch
     from vendor_tree import HOST_BLOCKED, PREFIX, RUN_BLOCKED, host_tree, vendor
 
+    from cake.vendor_plan import kcp_base
+
     into = host_tree(work / "host")
     start = time.perf_counter()
     result = vendor(work, into, *[a for f in families for a in ("--package", f)])
@@ -229,9 +245,11 @@ def check(args: argparse.Namespace, families: list[str], work: Path) -> int:
             continue
         vendored_side, installed_side = saved["vendored"], saved["installed"]
         rows = compare(vendored_side["outputs"], installed_side["outputs"])
-        lib_dir = str(into / name / "lib")
+        # A KCP family runs its base family's programs too, from the base's vendored folder.
+        lib_dirs = tuple(str(into / family / "lib") + os.sep
+                         for family in (name, kcp_base(name)) if family)
         from_build = bool(vendored_side["libraries"]) and all(
-            origin == "prebuilt" and path.startswith(lib_dir)
+            origin == "prebuilt" and path.startswith(lib_dirs)
             for _, origin, path in vendored_side["libraries"])
         same_programs = ({lib for lib, _, _ in vendored_side["libraries"]}
                          == {lib for lib, _, _ in installed_side["libraries"]})

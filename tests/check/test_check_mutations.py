@@ -297,8 +297,9 @@ MUTATIONS = {
     "CM802": library_bytes_differ,
     "CM803": unreadable_record,
 }
-# CM7xx belong to the vendored gate (--vendored-gate), not to the manifest checks: CM701 is
-# tested below through vendored.check_vendored_imports, the rest with the vendoring tool.
+# CM7xx belong to the vendored gate (--vendored-gate), not to the manifest checks: CM701 and
+# CM710 are tested below through vendored.check_vendored_imports and vendored._base_findings,
+# the rest with the vendoring tool.
 MANIFEST_CODES = sorted(code for code in mf.FINDING_CODES if not code.startswith("CM7"))
 # A build record (lib/libraries.json) belongs to an installed or built package only.
 INSTALLED_ONLY = {"CM801", "CM802", "CM803"}
@@ -670,6 +671,48 @@ def test_vendored_imports_unparsable(tmp_path):
     package = _vendored_package(tmp_path, "def broken(:\n")
     findings = list(vendored.check_vendored_imports(package))
     assert [f.code for f in findings] == ["CM701"] and "cannot parse" in findings[0].message
+
+
+# --------------------------------------------------------------------------- CM710
+
+
+def _sidecar(package_dir: Path, package: str, commit: str = "1e38857") -> None:
+    """A VENDORED.json for ``package`` in ``package_dir`` (the fields CM710 reads matter)."""
+    from cake.vendor_plan import Sidecar
+
+    package_dir.mkdir(parents=True, exist_ok=True)
+    short = package.rsplit(".", 1)[-1]
+    record = Sidecar(package=package, source_package=f"cake.{short}", cake_train_version="0.1.0",
+                     cake_train_commit=commit, upstream_manifest_sha256="0" * 64, files={})
+    (package_dir / "VENDORED.json").write_text(record.to_json())
+
+
+KCP, BASE = "cake_toy_det_train_kcp", "cake_toy_det_train"
+
+
+@pytest.mark.parametrize("base_state", ["beside", "missing", "other_parent", "other_commit"])
+def test_a_kcp_package_needs_its_base_beside_it_cm710(tmp_path, base_state):
+    """CM710: a KCP package imports its base family as a sibling, so the base must be vendored
+    next to it, under the same parent package, from the same cake-train."""
+    host = tmp_path / "host"
+    _sidecar(host / KCP, f"host.{KCP}")
+    if base_state != "missing":
+        parent = "elsewhere" if base_state == "other_parent" else "host"
+        _sidecar(host / BASE, f"{parent}.{BASE}",
+                 commit="0000000" if base_state == "other_commit" else "1e38857")
+    findings = list(vendored._base_findings(host / KCP, f"host.{KCP}"))
+    if base_state == "beside":
+        assert findings == []
+        return
+    assert [f.code for f in findings] == ["CM710"], findings
+    line = str(findings[0])
+    assert str(host / BASE) in line and f"host.{BASE}" in line
+    assert ("re-vendor both" if base_state == "other_commit" else "vendor both") in line
+
+
+def test_only_kcp_packages_are_checked_for_a_base_cm710(tmp_path):
+    _sidecar(tmp_path / "host" / BASE, f"host.{BASE}")
+    assert list(vendored._base_findings(tmp_path / "host" / BASE, f"host.{BASE}")) == []
 
 
 def test_installed_layout_orphan_in_include(toy, tmp_path):

@@ -121,11 +121,17 @@ def test_a_tampered_tree_is_not_built(built, tmp_path):
 
 
 LOAD = """
+    import importlib
     import os
     import sys
+    import types
     from pathlib import Path
-    import {name} as family
-    from {name}.core import loader
+    # Under a neutral parent package, as in a host: a KCP family imports its base family beside it.
+    parent = types.ModuleType("vendored")
+    parent.__path__ = [{into!r}]
+    sys.modules["vendored"] = parent
+    family = importlib.import_module("vendored.{name}")
+    loader = importlib.import_module("vendored.{name}.core.loader")
     H200 = loader.Device(0, "Simulated H200", (9, 0))
     loader.device = lambda index: H200
     programs = loader.ProgramSet.for_package(Path(family.__file__).parent)
@@ -152,7 +158,7 @@ LOAD = """
 @pytest.mark.parametrize("name", [TOY_FAMILY, *real_families()])
 def test_vendored_package_loads_its_prebuilt_libraries(built, tmp_path, name):
     work, into, wanted = built
-    script = LOAD.format(name=name, built=wanted[name], jit="")
+    script = LOAD.format(name=name, built=wanted[name], jit="", into=str(into))
     result = run_vendored(tmp_path, into, script, CAKE_JIT="0",
                           CAKE_CACHE_DIR=str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr
@@ -165,7 +171,7 @@ def test_vendored_package_loads_its_prebuilt_libraries(built, tmp_path, name):
 def test_an_unbuilt_program_falls_back_to_the_jit(built, tmp_path):
     work, into, wanted = built
     unbuilt = manifest_of(into / TOY_FAMILY).programs[1].library
-    script = LOAD.format(name=TOY_FAMILY, built=[], jit=unbuilt)
+    script = LOAD.format(name=TOY_FAMILY, built=[], jit=unbuilt, into=str(into))
     cache = str(tmp_path / "cache")
     refused = run_vendored(tmp_path, into, script, CAKE_JIT="0", CAKE_CACHE_DIR=cache)
     assert refused.returncode == 0, refused.stderr
