@@ -28,3 +28,25 @@ def test_aligned():
     assert not checks.aligned(buffer, buffer[4:])
     assert checks.aligned(buffer[4:], to=4) and not checks.aligned(buffer[4:], to=8)
     assert not checks.aligned([0])  # not a tensor: such a call fails its checks anyway
+
+
+def test_alert_not_deterministic_raises_warns_or_stays_silent():
+    """A nondet family's step under torch.use_deterministic_algorithms: RuntimeError naming the
+    det equivalent; with warn_only one UserWarning; nothing when determinism is off."""
+    def alert():
+        checks.alert_not_deterministic("op_nondet", why="It sums with atomics", instead="op_det")
+
+    alert()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match=r"^op_nondet does not have a deterministic "
+                           r"implementation, but you set 'torch.use_deterministic_algorithms"
+                           r"\(True\)'. It sums with atomics; use op_det \(the deterministic"):
+            alert()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match=r"\(True, warn_only=True\)'. It sums with atomics; "
+                          "op_det is the deterministic family") as caught:
+            alert()
+        assert len(caught) == 1
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -3,7 +3,8 @@
 Each raises ``TypeError``/``ValueError`` that names the argument and says what was expected and
 what came; nothing is coerced (no silent ``.contiguous()``): :func:`check_tensor`,
 :func:`check_same_device`, :func:`check_output`, :func:`check_workspace`,
-:func:`check_cu_seqlens`, :func:`check_disjoint`, :func:`check_choice`.
+:func:`check_cu_seqlens`, :func:`check_disjoint`, :func:`check_choice`. And
+:func:`alert_not_deterministic`, the determinism alert of a ``nondet`` family's step.
 
 Vendoring copies ``core`` verbatim: only relative imports, torch imported here directly.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 import weakref
 from typing import Iterable, Mapping, Sequence
 
@@ -214,3 +216,22 @@ def triton_device_type(tensor: object) -> str:
 @functools.lru_cache(maxsize=None)
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def alert_not_deterministic(caller: str, *, why: str, instead: str) -> None:
+    """PyTorch's determinism alert for the non-deterministic step of a ``nondet`` family
+    (docs/architecture.md#names), worded as torch's own operators word it: under
+    ``torch.use_deterministic_algorithms(True)`` a RuntimeError, with ``warn_only=True`` a
+    UserWarning (one per call, pointing at the caller of the function that calls this), else
+    nothing. ``why`` says what is not deterministic, ``instead`` names the ``det`` family's
+    equivalent. Call it before allocating or launching anything."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    what = (f"{caller} does not have a deterministic implementation, but you set "
+            "'torch.use_deterministic_algorithms(True{})'. " + why + "; ")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(what.format(", warn_only=True") + f"{instead} is the deterministic family.",
+                      UserWarning, stacklevel=3)
+        return
+    raise RuntimeError(what.format("") + f"use {instead} (the deterministic family), or turn "
+                       "determinism off for this step, or set warn_only=True.")

@@ -20,7 +20,7 @@ from cake.core import jit
 from cake.core import manifest as mf
 
 BUILD_FILES = ("CMakeLists.txt", "tools/build_plan.py", "cake/__init__.py", "cake/checker.py")
-# What a program library may need at run time (SPEC section 4): libc, plus the C++ runtime only
+# What a program library may need at run time (docs/build.md): libc, plus the C++ runtime only
 # where a binding needs it. Never a CUDA library: the driver is opened at first use (dlopen) and
 # there is no CUDA runtime. The toy programs need libc alone.
 ALLOWED_NEEDED = {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1"}

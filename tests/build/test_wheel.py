@@ -92,7 +92,7 @@ def test_installed_wheel_passes_check_manifests_and_imports_without_torch(built)
 
 def test_every_library_links_no_cuda_and_exports_its_declared_entries(built, tmp_path):
     """The libraries as the wheel ships them: NEEDED within libc (plus the C++ runtime where a
-    binding needs it; SPEC section 4), no CUDA runtime or driver symbol, no RPATH, and the
+    binding needs it; docs/build.md), no CUDA runtime or driver symbol, no RPATH, and the
     exports the manifest declares."""
     wheel, _ = built
     programs = {p.library: p for name in families()

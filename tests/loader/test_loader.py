@@ -1,4 +1,4 @@
-"""The runtime loader, its entries and the JIT cache, on the CPU (SPEC section 5).
+"""The runtime loader, its entries and the JIT cache, on the CPU (docs/loader.md).
 
 Programs are real: the toy family of tests/toy_programs.py, compiled by the JIT with the real
 nvcc and host compiler (about a second a program; those tests are marked ``nvcc`` and share the

@@ -1,4 +1,4 @@
-"""tools/vendor.py and ``check_manifests --vendored-gate`` (SPEC section 6), on the CPU.
+"""tools/vendor.py and ``check_manifests --vendored-gate`` (docs/vendoring.md), on the CPU.
 
 Every family is vendored into a FlashInfer-shaped tree (``flashinfer/experimental/cake/``)
 by a subprocess in which ``flashinfer`` cannot be imported; the vendored packages are then

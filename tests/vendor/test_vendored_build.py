@@ -1,4 +1,4 @@
-"""The vendored build and run (SPEC section 6): ci/build_vendored.sh on a FlashInfer-shaped tree.
+"""The vendored build and run (docs/vendoring.md): ci/build_vendored.sh on a FlashInfer-shaped tree.
 
 One host tree holds the toy family and every real family, vendored from a copy of this
 checkout with the toy family added (the gate compares each copy with the cake-train it runs
