@@ -50,3 +50,16 @@ def test_alert_not_deterministic_raises_warns_or_stays_silent():
         assert len(caught) == 1
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_a_trusted_cu_seqlens_is_not_read_again():
+    """A plan's uploaded table, checked from its host list, costs the families no read-back."""
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    checks.trust_cu_seqlens("cu", cu, [0, 3, 5])
+    cu.data[1] = 9  # through .data: the version counter stays, so only a read would see it
+    checks.check_cu_seqlens_values("cu", cu, tokens=5)
+    cu.add_(0)  # a visible write: read and checked again
+    with pytest.raises(ValueError, match=r"cu: must be non-decreasing, but entry 2 \(5\) < entry 1"):
+        checks.check_cu_seqlens_values("cu", cu, tokens=5)
+    with pytest.raises(ValueError, match="must start at 0"):
+        checks.trust_cu_seqlens("cu", torch.tensor([1, 5]), [1, 5])

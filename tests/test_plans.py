@@ -32,6 +32,22 @@ def test_supported_device_without_cuda(monkeypatch):
     assert plans.supported_device(None) is None and plans.supported_device(0) is None
 
 
+@pytest.mark.parametrize("device", [torch.device("cuda", 1), torch.device("cuda")])
+def test_stream_handle_is_the_current_devices_stream(two_gpus, monkeypatch, device):
+    monkeypatch.setattr(plans, "_raw_stream", lambda index: 0x100 + index)
+    assert plans.stream_handle(device) == 0x101
+    assert plans.stream_handle(torch.device("cpu")) == 0
+
+
+def test_stream_handle_refuses_tensors_of_another_device(two_gpus, monkeypatch):
+    """Programs launch in the current context: tensors of another device would be read there."""
+    monkeypatch.setattr(plans, "_raw_stream", lambda index: pytest.fail("no stream of cuda:1"))
+    with pytest.raises(RuntimeError, match=r"the tensors are on cuda:0 but the current CUDA "
+                                           r"device is cuda:1: call under 'with "
+                                           r"torch.cuda.device\(0\):'"):
+        plans.stream_handle(torch.device("cuda", 0))
+
+
 # --------------------------------------------------------------------------- fast path
 
 

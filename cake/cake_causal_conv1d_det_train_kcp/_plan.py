@@ -26,6 +26,8 @@ class DeviceWindows:
         self.dy_codes = _buffers.upload(windows.dy_codes, torch.int64, device)
         self.targets = _buffers.upload(windows.targets, torch.int64, device)
         self.cu_seqlens = _buffers.upload(windows.cu_seqlens, torch.int32, device)
+        # Checked here from the host table: the base family's steps then read nothing back.
+        checks.trust_cu_seqlens("window cu_seqlens", self.cu_seqlens, windows.cu_seqlens)
 
 
 class DeviceExchange:
@@ -83,6 +85,8 @@ class CakeCausalConv1dDetKcpPlan:
         self._cu_version = cu_seqlens._version if cu_seqlens is not None else None
         device = self.device
         self.local_cu_seqlens = _buffers.upload(tables.local_cu_seqlens, torch.int32, device)
+        checks.trust_cu_seqlens("local cu_seqlens", self.local_cu_seqlens,
+                                tables.local_cu_seqlens)
         self.exchanges = {kind: DeviceExchange(table, device)
                           for kind, table in tables.exchanges.items()}
         self.forward_windows = DeviceWindows(tables.forward, device)

@@ -184,6 +184,19 @@ def check_cu_seqlens_values(name: str, value: torch.Tensor, *, tokens: int) -> N
     if plans.is_capturing():
         return
     values = value.tolist()
+    _check_offsets(name, values, tokens)
+    _remember_cu_seqlens(value, tokens)
+
+
+def trust_cu_seqlens(name: str, value: torch.Tensor, values: Sequence[int]) -> None:
+    """Remembers ``value``, a cu_seqlens tensor the caller made from the host list ``values``
+    (a plan's table), as checked: ``values`` are checked here, so that the families'
+    :func:`check_cu_seqlens_values` reads nothing back from the device for it."""
+    _check_offsets(name, values, values[-1])
+    _remember_cu_seqlens(value, values[-1])
+
+
+def _check_offsets(name: str, values: Sequence[int], tokens: int) -> None:
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {values[0]}")
     if values[-1] != tokens:
@@ -192,6 +205,9 @@ def check_cu_seqlens_values(name: str, value: torch.Tensor, *, tokens: int) -> N
         if values[i] < values[i - 1]:
             raise ValueError(f"{name}: must be non-decreasing, but entry {i} ({values[i]}) < "
                              f"entry {i - 1} ({values[i - 1]})")
+
+
+def _remember_cu_seqlens(value: torch.Tensor, tokens: int) -> None:
     key = id(value)
     _valid_cu_seqlens[key] = (weakref.ref(value, lambda _, k=key: _valid_cu_seqlens.pop(k, None)),
                               value._version, tokens)
@@ -227,11 +243,12 @@ def alert_not_deterministic(caller: str, *, why: str, instead: str) -> None:
     equivalent. Call it before allocating or launching anything."""
     if not torch.are_deterministic_algorithms_enabled():
         return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     what = (f"{caller} does not have a deterministic implementation, but you set "
-            "'torch.use_deterministic_algorithms(True{})'. " + why + "; ")
-    if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(what.format(", warn_only=True") + f"{instead} is the deterministic family.",
-                      UserWarning, stacklevel=3)
+            f"'torch.use_deterministic_algorithms(True{', warn_only=True' if warn_only else ''})'. "
+            f"{why}; ")
+    if warn_only:
+        warnings.warn(what + f"{instead} is the deterministic family.", UserWarning, stacklevel=3)
         return
-    raise RuntimeError(what.format("") + f"use {instead} (the deterministic family), or turn "
-                       "determinism off for this step, or set warn_only=True.")
+    raise RuntimeError(what + f"use {instead} (the deterministic family), or turn determinism "
+                       "off for this step, or set warn_only=True.")

@@ -33,12 +33,19 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def stream_handle(device: torch.device) -> int:
     """The raw ``cudaStream_t`` of the current stream on ``device`` (0 for the CPU, where a
-    Triton family runs under the interpreter)."""
+    Triton family runs under the interpreter). ``device`` must be the current CUDA device: a
+    program launches in the thread's current context, so tensors of another device would be
+    read there (an illegal address, or another GPU's memory through peer access)."""
     if device.type == "cpu":
         return 0
+    current = torch.cuda.current_device()
+    if device.index is not None and device.index != current:
+        raise RuntimeError(
+            f"the tensors are on {device} but the current CUDA device is cuda:{current}: call "
+            f"under 'with torch.cuda.device({device.index}):' (programs launch on the current "
+            "device)")
     if _raw_stream is not None:
-        return _raw_stream(device.index if device.index is not None
-                           else torch.cuda.current_device())
+        return _raw_stream(current)
     return torch.cuda.current_stream(device).cuda_stream
 
 
