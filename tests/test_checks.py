@@ -63,3 +63,18 @@ def test_a_trusted_cu_seqlens_is_not_read_again():
         checks.check_cu_seqlens_values("cu", cu, tokens=5)
     with pytest.raises(ValueError, match="must start at 0"):
         checks.trust_cu_seqlens("cu", torch.tensor([1, 5]), [1, 5])
+
+
+def test_check_flag_takes_bools_only():
+    assert checks.check_flag("f", True) is True and checks.check_flag("f", False) is False
+    for value in (1, 0, None, "yes"):
+        with pytest.raises(TypeError, match=f"f: expected a bool, got {type(value).__name__}"):
+            checks.check_flag("f", value)
+
+
+def test_check_aligned_names_the_misaligned_tensor_and_the_remedy():
+    base = torch.zeros(64, dtype=torch.float32)
+    checks.check_aligned({"a": base, "none": None, "empty": base[1:1]})
+    with pytest.raises(ValueError, match=r"b: expected a 16-byte aligned data pointer .* at an "
+                                         r"offset of 4 bytes; call \.clone\(\) to realign"):
+        checks.check_aligned({"a": base, "b": base[1:]})

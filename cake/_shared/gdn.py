@@ -39,7 +39,6 @@ from typing import Callable, Optional
 import torch
 
 from ..core import autograd, checks, plans
-from ..core import manifest as mf
 
 # CHUNK and HEAD_DIMS repeat gdn_tiles' (a shared module imports only core; the families pass
 # the tiles in): tests/gdn/test_gdn_programs.py checks that the two agree.
@@ -88,24 +87,6 @@ def _check_scale(value: object) -> float:
     if not math.isfinite(number) or abs(number) > 3.0e38:
         raise ValueError(f"scale: expected a finite fp32 value, got {value!r}")
     return number
-
-
-def _check_flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
-    return value
-
-
-def _check_aligned(tensors: dict) -> None:
-    """Every tensor given starts at a 16-byte boundary (the kernels' compile assumed it). A
-    view into another tensor may not: the message names the remedy."""
-    if torch.compiler.is_compiling():  # fake tensors while tracing; the op checks for real
-        return
-    for name, tensor in tensors.items():
-        if tensor is not None and tensor.numel() and tensor.data_ptr() % ALIGN:
-            raise ValueError(f"{name}: expected a 16-byte aligned data pointer (the kernels "
-                             f"assume it), got {checks.describe(tensor)} at an offset of "
-                             f"{tensor.data_ptr() % ALIGN} bytes; call .clone() to realign")
 
 
 # --------------------------------------------------------------------------- the chunk plan
@@ -468,7 +449,7 @@ def validate(q, k, v, g, beta, initial_state, cu_seqlens, plan) -> Call:
         if list(initial_state.shape) != state:
             raise ValueError(f"initial_state: expected float32 [N, HV, K, V] = {state} (N "
                              f"documents), got {checks.describe(initial_state)}")
-    _check_aligned({"q": q, "k": k, "v": v, "g": g, "beta": beta,
+    checks.check_aligned({"q": q, "k": k, "v": v, "g": g, "beta": beta,
                     "initial_state": initial_state})
     return Call(Problem(q.device, q.dtype, head_k, head_v), tokens, heads, value_heads,
                 documents, tuple(lead) if batched else None)
@@ -486,17 +467,11 @@ def check_output(name: str, value, shape, dtype, device) -> Optional[torch.Tenso
     if value is None:
         return None
     checks.check_output(name, value, shape=shape, dtype=dtype, device=device)
-    _check_aligned({name: value})
+    checks.check_aligned({name: value})
     return value
 
 
 # --------------------------------------------------------------------------- routing
-
-
-def select(manifest: mf.Manifest, problem: Problem, arch: Optional[str]) -> mf.Program:
-    """The program of (dtype, K, V) built for ``arch`` (None: any)."""
-    return plans.select_program(manifest, variant=problem.variant, arch=arch, bands={},
-                                floors={})
 
 
 def bindings(problem: Problem) -> dict:
@@ -578,8 +553,7 @@ class Programs:
         self.tiles = tiles
         self.plan_type = plan_type
         self.family = family
-        self.plan = plans.Plans(package_file, select, bindings)
-        self._dummies: dict = {}
+        self.plan = plans.Plans(package_file, plans.select_variant, bindings)
 
     def clear(self) -> None:
         self.plan.clear()
@@ -625,16 +599,6 @@ class Programs:
                       deterministic=self.deterministic,
                       nkb=call.problem.head_k // tiles["DQKWG_BK"])["_bytes"][0]
 
-    def _dummy(self, device: torch.device):
-        """What an unused pointer argument gets: None (address 0) on a GPU; a small tensor
-        under the interpreter (which runs the kernel function with tensors)."""
-        if device.type != "cpu":
-            return None
-        found = self._dummies.get(device)
-        if found is None:
-            found = self._dummies[device] = torch.zeros(4, dtype=torch.float32, device=device)
-        return found
-
     @staticmethod
     def _launch(plan: plans.Plan, stream: int, name: str, grid: tuple, *arguments) -> None:
         """One kernel: its program's entry with the grid and the kernel's arguments."""
@@ -665,7 +629,7 @@ class Programs:
                         deterministic=True, nkb=1)
         scratch = carve(q.new_empty(places["_bytes"][0], dtype=torch.uint8), places)
         stream = plans.stream_handle(device)
-        dummy = self._dummy(device)
+        dummy = plans.unused_pointer(device)
         self._forward_core(plan, stream, q, k, v, g, beta, initial_state, chunks, scratch, ht,
                            qk_l2norm, tiles, dummy)
         rq, rk = scratch.get("rq", dummy), scratch.get("rk", dummy)
@@ -733,7 +697,7 @@ class Programs:
             workspace = q.new_empty(size, dtype=torch.uint8)
         scratch = carve(workspace.view(torch.uint8).view(-1), places)
         stream = plans.stream_handle(device)
-        dummy = self._dummy(device)
+        dummy = plans.unused_pointer(device)
         self._forward_core(plan, stream, q, k, v, g, beta, initial_state, chunks, scratch, None,
                            qk_l2norm, tiles, dummy)
         beta32 = scratch.get("beta", beta)
@@ -847,10 +811,10 @@ class Programs:
             if list(initial_state.shape) != state:
                 raise ValueError(f"initial_state: expected float32 [N, HV, K, V] = {state}, "
                                  f"got {checks.describe(initial_state)}")
-            _check_aligned({"initial_state": initial_state})
+            checks.check_aligned({"initial_state": initial_state})
         _check_scale(scale)
-        _check_flag("output_final_state", output_final_state)
-        _check_flag("qk_l2norm", qk_l2norm)
+        checks.check_flag("output_final_state", output_final_state)
+        checks.check_flag("qk_l2norm", qk_l2norm)
         return call
 
     # ----------------------------------------------------------------------- public helpers
@@ -860,7 +824,7 @@ class Programs:
         call = validate(q, k, v, g, beta, initial_state, cu_seqlens, plan)
         scale = q.shape[-1] ** -0.5 if scale is None else _check_scale(scale)
         for name, value in flags.items():
-            _check_flag(name, value)
+            checks.check_flag(name, value)
         return call, scale
 
     @staticmethod
@@ -930,7 +894,7 @@ class Programs:
             if tuple(d_final_state.shape) != state:
                 raise ValueError(f"d_final_state: expected float32 [N, HV, K, V] = "
                                  f"{list(state)}, got {checks.describe(d_final_state)}")
-        _check_aligned({"do": do, "d_final_state": d_final_state})
+        checks.check_aligned({"do": do, "d_final_state": d_final_state})
         likes = {"dq": q, "dk": k, "dv": v, "dg": g, "dbeta": beta,
                  "d_initial_state": initial_state}
         for name, value in outputs.items():

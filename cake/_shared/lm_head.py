@@ -37,7 +37,6 @@ from typing import Callable, Optional
 import torch
 
 from ..core import autograd, checks, plans
-from ..core import manifest as mf
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 REDUCTIONS = ("mean", "sum", "none")
@@ -47,7 +46,6 @@ MAX_VOCAB = 262144
 MAX_TOKENS = 1 << 24
 """At most 2^24 tokens a call: every grid stays below 2^31 CTAs (the nondet backward's
 cdiv(T, 64) * cdiv(V, 64) at most 2^30), and the fp32 count of tokens a mean divides by is exact."""
-ALIGN = 16
 SCALE_RANGE = (2.0**-60, 2.0**60)
 """Softcap and temperature bounds: their reciprocals and products stay finite normal fp32."""
 _ANY_RANK = tuple(range(1, 65))
@@ -122,12 +120,6 @@ def _scale(name: str, value: object) -> float:
     return number
 
 
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
-    return value
-
-
 def check_options(*, ignore_index, logit_softcap, reduction=None, temperature=None,
                   check_labels=False, return_entropy=False) -> None:
     """The non-tensor options of either entry (and of the loss modules)."""
@@ -141,8 +133,8 @@ def check_options(*, ignore_index, logit_softcap, reduction=None, temperature=No
         checks.check_choice("reduction", reduction, REDUCTIONS)
     if temperature is not None:
         _scale("temperature", temperature)
-    _flag("check_labels", check_labels)
-    _flag("return_entropy", return_entropy)
+    checks.check_flag("check_labels", check_labels)
+    checks.check_flag("return_entropy", return_entropy)
 
 
 def _validate_operands(hidden, weight) -> tuple:
@@ -196,19 +188,8 @@ def validate(hidden, weight, labels, accumulator) -> Call:
         if not torch.compiler.is_compiling():
             checks.check_disjoint({"dweight_accumulator": accumulator},
                                   {"hidden": hidden, "weight": weight, "labels": labels})
-    _check_aligned(tensors)
+    checks.check_aligned(tensors)
     return Call(Problem(hidden.device, hidden.dtype), tokens, dim, vocab, lead)
-
-
-def _check_aligned(tensors: dict) -> None:
-    """The kernels' compile assumed 16-byte aligned rows (D % 8 == 0 keeps every row so)."""
-    if torch.compiler.is_compiling():  # fake tensors while tracing; the op checks for real
-        return
-    for name, tensor in tensors.items():
-        if tensor.numel() and tensor.data_ptr() % ALIGN:
-            raise ValueError(f"{name}: expected a 16-byte aligned data pointer (the kernels "
-                             f"assume it), got {checks.describe(tensor)} at an offset of "
-                             f"{tensor.data_ptr() % ALIGN} bytes; call .clone() to realign")
 
 
 def check_label_values(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -229,12 +210,6 @@ def check_label_values(labels: torch.Tensor, vocab: int, ignore_index: int) -> N
 
 
 # --------------------------------------------------------------------------- routing
-
-
-def select(manifest: mf.Manifest, problem: Problem, arch: Optional[str]) -> mf.Program:
-    """The program of the dtype built for ``arch`` (None: any)."""
-    return plans.select_program(manifest, variant=problem.variant, arch=arch, bands={},
-                                floors={})
 
 
 def bindings(arguments: dict) -> Callable:
@@ -328,8 +303,7 @@ class Programs:
         self.family = family
         self._package_file = package_file
         self._tiles = {dtype: tiles(checks.dtype_name(dtype), deterministic) for dtype in DTYPES}
-        self.plan = plans.Plans(package_file, select, bindings(arguments))
-        self._dummies: dict = {}
+        self.plan = plans.Plans(package_file, plans.select_variant, bindings(arguments))
 
     def clear(self) -> None:
         self.plan.clear()
@@ -341,16 +315,6 @@ class Programs:
 
     def tiles(self, dtype: torch.dtype) -> dict:
         return self._tiles[dtype]
-
-    def _dummy(self, device: torch.device):
-        """What an unused pointer argument gets: None (address 0) on a GPU; a small tensor under
-        the interpreter (which runs the kernel function with tensors)."""
-        if device.type != "cpu":
-            return None
-        found = self._dummies.get(device)
-        if found is None:
-            found = self._dummies[device] = torch.zeros(4, dtype=_F32, device=device)
-        return found
 
     @staticmethod
     def _scales(logit_softcap: Optional[float], temperature: float) -> tuple:
@@ -372,7 +336,7 @@ class Programs:
         device = hidden.device
         tiles = self._tiles[hidden.dtype]
         splits, per = forward_splits(tokens, vocab, tiles)
-        dummy = self._dummy(device)
+        dummy = plans.unused_pointer(device)
         parts = [_new((splits, tokens), _F32, hidden) for _ in range(4 if entropy else 3)]
         rmax, logl, out = (_new((tokens,), _F32, hidden) for _ in range(3))
         ent = _new((tokens,), _F32, hidden) if entropy else None
@@ -408,7 +372,7 @@ class Programs:
             dweight = None if accumulator is not None else torch.zeros_like(weight)
             return _new(tuple(hidden.shape), hidden.dtype, hidden), dweight
         tiles = self._tiles[hidden.dtype]
-        dummy = self._dummy(device)
+        dummy = plans.unused_pointer(device)
         stream = plans.stream_handle(device)
         flat = labels.view(tokens)
         ca, cb, cg = (_new((tokens,), _F32, hidden) for _ in range(3))
@@ -616,8 +580,8 @@ class Programs:
         max(forward, saved + backward) (:func:`workspace`)."""
         checks.check_choice("entry", entry, ("loss", "logprob"))
         checks.check_choice("reduction", reduction, REDUCTIONS)
-        _flag("return_entropy", return_entropy)
-        _flag("accumulate_dweight", accumulate_dweight)
+        checks.check_flag("return_entropy", return_entropy)
+        checks.check_flag("accumulate_dweight", accumulate_dweight)
         if entry == "loss" and return_entropy:
             raise ValueError("return_entropy: the loss entry has no entropy (entry='logprob')")
         _, dim, vocab, _, tokens = _validate_operands(hidden, weight)

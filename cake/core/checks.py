@@ -213,6 +213,26 @@ def _remember_cu_seqlens(value: torch.Tensor, tokens: int) -> None:
                               value._version, tokens)
 
 
+def check_flag(name: str, value: object) -> bool:
+    """``value`` when it is a bool (a truthy int or None is refused, not coerced)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return value
+
+
+def check_aligned(tensors: Mapping[str, torch.Tensor | None], to: int = 16) -> None:
+    """Every tensor given (None skipped) starts at a ``to``-byte boundary, as a Triton program's
+    compile assumed; a view into another tensor may not, and the message names the remedy.
+    While torch.compile traces (fake tensors) nothing is checked: the op checks for real."""
+    if torch.compiler.is_compiling():
+        return
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.numel() and tensor.data_ptr() % to:
+            raise ValueError(f"{name}: expected a {to}-byte aligned data pointer (the kernels "
+                             f"assume it), got {describe(tensor)} at an offset of "
+                             f"{tensor.data_ptr() % to} bytes; call .clone() to realign")
+
+
 def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
     if value not in choices:
         shown = ", ".join(repr(c) for c in choices)

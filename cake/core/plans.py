@@ -275,6 +275,26 @@ class Plans:
 # --------------------------------------------------------------------------- routing
 
 
+def select_variant(manifest: mf.Manifest, problem, arch: str | None) -> mf.Program:
+    """The program of ``problem.variant`` built for ``arch`` (None: any), for a family whose
+    programs differ by variant alone (no size bands or floors)."""
+    return select_program(manifest, variant=problem.variant, arch=arch, bands={}, floors={})
+
+
+_unused_pointers: dict = {}
+
+
+def unused_pointer(device: torch.device):
+    """What a Triton program's unused pointer argument gets: None (address 0) on a GPU; under
+    the interpreter (CPU tensors), which runs the kernel function with tensors, a small one."""
+    if device.type != "cpu":
+        return None
+    found = _unused_pointers.get(device)
+    if found is None:
+        found = _unused_pointers[device] = torch.zeros(4, dtype=torch.float32, device=device)
+    return found
+
+
 class NoRoute(ValueError):
     """No program of the manifest serves this variant and problem size."""
 

@@ -258,7 +258,7 @@ def test_workspace_bytes_is_what_the_calls_allocate(entry, dtype, mode, monkeypa
 
     monkeypatch.setattr(lm_head, "_new", spy(lm_head._new))
     monkeypatch.setattr(lm_head, "_zeros", spy(lm_head._zeros))
-    module._function._PROGRAMS._dummy(hidden.device)  # made once a process, not per call
+    plans.unused_pointer(hidden.device)  # made once a process, not per call
     accumulator = torch.zeros(vocab, dim) if entry == "accumulator" else None
     h = hidden.clone().requires_grad_()
     w = weight.clone().requires_grad_()
