@@ -82,7 +82,7 @@ def _toy_forward(x, weight, bias, factor):
     y = x.detach() * weight.detach() * factor
     if bias is not None:
         y = y + bias.detach() * factor
-    return autograd.Forward((y,), plan="toy-plan")
+    return (y,), "toy-plan"
 
 
 def _toy_backward(plan, constants, saved, grads):
@@ -129,7 +129,7 @@ def test_differentiable_eager_gradients_and_plan(bias, call):
     x, w, b = _toy_case(bias)
     dy = torch.randn(5, 3, dtype=torch.float64)
     _TOY_CALLS.clear()
-    fn = _TOY if call == "functional" else _TOY.function.apply
+    fn = _TOY.functional if call == "functional" else _TOY.function.apply
     y = fn(x, w, b, 0.5)
     assert type(y.grad_fn).__name__ == "CakeToyScaleDetFunctionBackward"
     y.backward(dy)
@@ -147,9 +147,9 @@ def test_differentiable_errors_come_before_autograd_and_no_grad_records_nothing(
     x, w, b = _toy_case(True)
     _TOY_CALLS.clear()
     with pytest.raises(ValueError, match=r"^x: expected \[S, C\]"):
-        _TOY(x[0], w, b, 0.5)
+        _TOY.functional(x[0], w, b, 0.5)
     with torch.no_grad():
-        assert _TOY(x, w, b, 0.5).grad_fn is None
+        assert _TOY.functional(x, w, b, 0.5).grad_fn is None
     assert _TOY_CALLS == ["forward"]
 
 
@@ -173,7 +173,7 @@ def test_differentiable_under_torch_compile_runs_the_custom_ops(bias):
     validates its own call (no plan)."""
     x, w, b = _toy_case(bias)
     dy = torch.randn(5, 3, dtype=torch.float64)
-    compiled = torch.compile(lambda x, w, b: _TOY(x, w, b, 0.5) * 2, fullgraph=True,
+    compiled = torch.compile(lambda x, w, b: _TOY.functional(x, w, b, 0.5) * 2, fullgraph=True,
                              backend="aot_eager")
     _TOY_CALLS.clear()
     y = compiled(x, w, b)

@@ -15,6 +15,7 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(plans, "_current_device", lambda: 1)  # the launch path's own query
 
 
 @pytest.mark.parametrize("asked,expected", [

@@ -749,7 +749,7 @@ class Programs:
             plan = self.plan(call.problem)
             o, ht = self.forward(plan, q, k, v, g, beta, initial_state, chunks, scale,
                                  output_final_state, qk_l2norm)
-            return autograd.Forward((o, ht), plan)
+            return (o, ht), plan
 
         def fake(q, k, v, g, beta, initial_state, cu, chunk_doc, chunk_idx, chunk_offsets,
                  scale, output_final_state, qk_l2norm):
@@ -843,9 +843,9 @@ class Programs:
                                     "qk_l2norm": qk_l2norm})
         chunk_plan = self.chunk_plan(call, cu_seqlens, plan)
         pack = self.packed
-        result = op(pack(q, call), pack(k, call), pack(v, call), pack(g, call),
-                    pack(beta, call), initial_state, *chunk_plan.tensors(), scale,
-                    output_final_state, qk_l2norm)
+        result = op.functional(pack(q, call), pack(k, call), pack(v, call), pack(g, call),
+                               pack(beta, call), initial_state, *chunk_plan.tensors(), scale,
+                               output_final_state, qk_l2norm)
         o, ht = result if output_final_state else (result, None)
         return o.view(v.shape), ht
 

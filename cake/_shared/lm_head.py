@@ -470,7 +470,7 @@ class Programs:
                 ignore_index=ignore_index, logit_softcap=logit_softcap, temperature=1.0,
                 entropy=False)
             loss = out if count is not None else out.view(call.shape)  # per token for none
-            return autograd.Forward((loss, rmax, logl, count), plan)
+            return (loss, rmax, logl, count), plan
 
         def fake(hidden, weight, labels, accumulator, ignore_index, reduction, logit_softcap,
                  check_labels):
@@ -524,9 +524,8 @@ class Programs:
                 plan, call, hidden, weight, labels, logprob=True, reduction="none",
                 ignore_index=ignore_index, logit_softcap=logit_softcap,
                 temperature=temperature, entropy=return_entropy)
-            return autograd.Forward((out.view(call.shape),
-                                     None if ent is None else ent.view(call.shape), rmax, logl),
-                                    plan)
+            return (out.view(call.shape), None if ent is None else ent.view(call.shape), rmax,
+                    logl), plan
 
         def fake(hidden, weight, labels, accumulator, ignore_index, temperature, logit_softcap,
                  return_entropy, check_labels):
@@ -572,7 +571,7 @@ class Programs:
                                "backward adds into it in place, which the opaque custom op "
                                "does not declare); call the entry eagerly, or accumulate "
                                "weight.grad instead")
-        return op(*args)
+        return op.functional(*args)
 
     def workspace_bytes(self, hidden, weight, *, entry: str, reduction: str,
                         return_entropy: bool, accumulate_dweight: bool) -> int:

@@ -190,9 +190,9 @@ def is_cake_causal_conv1d_det_train_supported(device: Optional[torch.device | in
 # --------------------------------------------------------------------------- autograd
 
 
-def _forward(x, weight, bias, cu_seqlens, activation) -> autograd.Forward:
+def _forward(x, weight, bias, cu_seqlens, activation) -> tuple:
     plan, y = _launch_forward(x, weight, bias, cu_seqlens, activation)
-    return autograd.Forward((y,), plan)
+    return (y,), plan
 
 
 def _backward(plan, constants, saved, grads) -> dict:
@@ -257,4 +257,4 @@ def cake_causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor,
         >>> cu = torch.tensor([0, 1000, 4096], device="cuda", dtype=torch.int32)
         >>> cake_causal_conv1d_det(x, w, None, cu).float().square().sum().backward()
     """
-    return _OP(x, weight, bias, cu_seqlens, activation)
+    return _OP.functional(x, weight, bias, cu_seqlens, activation)

@@ -156,7 +156,7 @@ def cake_gated_rmsnorm_det(x: torch.Tensor, g: torch.Tensor, weight: torch.Tenso
         >>> w = torch.ones(2048, device="cuda", dtype=torch.float32, requires_grad=True)
         >>> cake_gated_rmsnorm_det(x, g, w).float().square().sum().backward()
     """
-    return _OP(x, g, weight, residual, eps, weight_offset)
+    return _OP.functional(x, g, weight, residual, eps, weight_offset)
 
 
 class CakeGatedRMSNormDet(torch.nn.Module):

@@ -160,7 +160,7 @@ def cake_rmsnorm_det(x: torch.Tensor, weight: torch.Tensor,
         >>> w = torch.ones(4096, device="cuda", dtype=torch.float32, requires_grad=True)
         >>> cake_rmsnorm_det(x, w).float().square().sum().backward()
     """
-    return _OP(x, weight, residual, eps, weight_offset)
+    return _OP.functional(x, weight, residual, eps, weight_offset)
 
 
 class CakeRMSNormDet(torch.nn.Module):

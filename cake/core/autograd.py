@@ -23,8 +23,8 @@ def op_name(package: str, name: str) -> str:
     return f"{package.replace('.', '_')}::{name}"
 
 
-def eager_apply(function: type, launch: Callable[..., object],
-                keep: Callable[..., object]) -> Callable[..., object]:
+def eager_apply(function: type, launch: Callable[..., object], keep: Callable[..., object],
+                compiled: Callable[..., object] | None = None) -> Callable[..., object]:
     """The eager functionals' ``function.apply`` (an ``autograd.Function``), with the forward
     launched before autograd is entered.
 
@@ -43,21 +43,27 @@ def eager_apply(function: type, launch: Callable[..., object],
     unwrapping of tensors left over from a finished transform: such a tensor has no storage,
     and reading its address in the host checks raises). Under a transform, and on a torch
     without that C method, it is ``function.apply(*args)``, which launches inside forward (a
-    transform's wrapped tensors must reach the launch through it).
+    transform's wrapped tensors must reach the launch through it). While torch.compile traces,
+    it is ``compiled(*args)`` when given (checked here, so a call is one Python frame).
     """
     base = getattr(torch._C, "_FunctionBase", None)
     c_apply = vars(base).get("apply") if base is not None else None
     if c_apply is None:
-        return function.apply
-    launched = type(function.__name__, (function,), {
-        "forward": staticmethod(keep), "__module__": function.__module__,
-        "__qualname__": f"{function.__qualname__}.launched",
-        "__doc__": f"{function.__name__} for a forward already launched: apply(*args, launched)."})
-    bound = c_apply.__get__(None, launched)
+        bound = None
+    else:
+        launched = type(function.__name__, (function,), {
+            "forward": staticmethod(keep), "__module__": function.__module__,
+            "__qualname__": f"{function.__qualname__}.launched",
+            "__doc__": f"{function.__name__} for a forward already launched: "
+                       "apply(*args, launched)."})
+        bound = c_apply.__get__(None, launched)
     transforms_active = torch._C._are_functorch_transforms_active
+    is_compiling = torch.compiler.is_compiling
 
     def apply(*args):
-        if transforms_active():
+        if compiled is not None and is_compiling():
+            return compiled(*args)
+        if bound is None or transforms_active():
             return function.apply(*args)
         return bound(*args, launch(*args))
 
@@ -71,19 +77,7 @@ def backward_result(arity: int, grads: Mapping[int, torch.Tensor | None]) -> tup
     return tuple([grads.get(i) for i in range(arity)])
 
 
-
-
 # --------------------------------------------------------------------------- the family skeleton
-
-
-class Forward(tuple):
-    """What a family's forward gives the skeleton: ``(results, plan)``. ``results`` are the
-    tensors of the forward (its outputs, then any tensor only the backward needs; None for an
-    optional output the call does not produce); ``plan`` is what the eager backward reuses (the
-    validated problem and its program), None where there is none."""
-
-    def __new__(cls, results: tuple, plan=None):
-        return super().__new__(cls, (results, plan))
 
 
 class Differentiable:
@@ -96,7 +90,10 @@ class Differentiable:
 
     * ``arguments``: the functional's arguments as a torch schema, e.g. ``"Tensor x, Tensor weight,
       Tensor? bias, str activation"`` (also the class's ``apply`` arguments, in this order);
-    * ``forward(*args) -> Forward``: validates, allocates and launches;
+    * ``forward(*args) -> (results, plan)``: validates, allocates and launches; ``results`` are
+      the tensors of the forward (its outputs, then any tensor only the backward needs; None for
+      an optional output the call does not produce), ``plan`` what the eager backward reuses
+      (the validated problem and its program; None where there is none);
     * ``fake(*args) -> results``: the results' shapes and dtypes, for the compiler;
     * ``outputs(args) -> tuple of result indices``: what the functional returns (one index: that
       tensor; several: a tuple);
@@ -106,6 +103,10 @@ class Differentiable:
       and ``plan`` the forward's (None under torch.compile: the backward validates again);
     * ``grad_like``: ``{argument: saved index}`` for each differentiable argument: its gradient
       has that saved tensor's shape and dtype (None when that saved tensor is None).
+
+    The eager path runs on every training step, so it is written for few Python frames and
+    allocations: on the H200 each microsecond of host time here showed in RMSNorm's eager step
+    (docs/benchmarks.md#host-time).
     """
 
     def __init__(self, *, package: str, name: str, function_name: str, module: str, doc: str,
@@ -116,56 +117,50 @@ class Differentiable:
         self._save, self._backward = save, backward
         self._grads = tuple(grad_like.items())
         self._constants = tuple(i for i, t in enumerate(self.types) if not t.startswith("Tensor"))
-        self._index = {n: i for i, n in enumerate(self.names)}
+        self._constant_names = tuple(self.names[i] for i in self._constants)
         self.function = self._function_class(function_name, module, doc)
-        self._eager = eager_apply(self.function, self._launch, self._keep)
+        self.functional = eager_apply(self.function, forward, self._keep, self._compiled)
+        """The functional: eager (launch first), or the opaque custom ops under torch.compile."""
         self._forward_op, self._backward_op = self._custom_ops(package, name, arguments)
 
     # ----------------------------------------------------------------------- eager
 
     def _function_class(self, name: str, module: str, doc: str) -> type:
-        differentiable = self
+        keep, launch = self._keep, self._forward
 
         def forward(ctx, *args):
-            return differentiable._keep(ctx, *args, differentiable._launch(*args))
-
-        def backward(ctx, *grads):
-            return differentiable._eager_backward(ctx, grads)
+            return keep(ctx, *args, launch(*args))
 
         return type(name, (torch.autograd.Function,), {
-            "forward": staticmethod(forward), "backward": staticmethod(backward),
+            "forward": staticmethod(forward), "backward": staticmethod(self._eager_backward),
             "__module__": module, "__qualname__": name, "__doc__": doc})
 
-    def _launch(self, *args) -> Forward:
-        return self._forward(*args)
-
     def _keep(self, ctx, *args_and_launched):
-        *args, (results, plan) = args_and_launched
+        args = args_and_launched[:-1]
+        results, ctx.plan = args_and_launched[-1]
         ctx.set_materialize_grads(False)
-        ctx.plan = plan
-        ctx.constants = {self.names[i]: args[i] for i in self._constants}
-        ctx.visible = self._outputs(args)
+        ctx.constants = tuple([args[i] for i in self._constants])
+        ctx.visible = visible = self._outputs(args)
         ctx.result_count = len(results)
         ctx.save_for_backward(*self._save(args, results))
-        visible = [results[i] for i in ctx.visible]
-        return visible[0] if len(visible) == 1 else tuple(visible)
+        if len(visible) == 1:
+            return results[visible[0]]
+        return tuple([results[i] for i in visible])
 
-    def _eager_backward(self, ctx, grads) -> tuple:
+    def _eager_backward(self, ctx, *grads) -> tuple:
         by_result = [None] * ctx.result_count
         for index, grad in zip(ctx.visible, grads):
             by_result[index] = grad
-        found = self._backward(ctx.plan, ctx.constants, ctx.saved_tensors, tuple(by_result))
+        found = self._backward(ctx.plan, dict(zip(self._constant_names, ctx.constants)),
+                               ctx.saved_tensors, tuple(by_result))
         # The launch-first subclass's forward takes one argument more (the launch's result).
         extra = len(ctx.needs_input_grad) - len(self.names)
-        return tuple(found.get(name) for name in self.names) + (None,) * extra
+        return (*map(found.get, self.names), *(None,) * extra)
 
-    def __call__(self, *args):
-        """The functional: eager (launch first), or the opaque custom ops under torch.compile."""
-        if torch.compiler.is_compiling():
-            results = self._forward_op(*args)
-            visible = [results[i] for i in self._outputs(args)]
-            return visible[0] if len(visible) == 1 else tuple(visible)
-        return self._eager(*args)
+    def _compiled(self, *args):
+        results = self._forward_op(*args)
+        visible = [results[i] for i in self._outputs(args)]
+        return visible[0] if len(visible) == 1 else tuple(visible)
 
     # ----------------------------------------------------------------------- torch.compile
 

@@ -207,7 +207,8 @@ class Entry:
         template = self.pack({**fixed, **{n: 0 for n in per_call}})
         positions = tuple(self.names.index(n) for n in per_call)
         return BoundEntry(self, template, positions,
-                          tuple(self._slots[p] for p in positions))
+                          tuple(None if self._slots[p] is _pointer else self._slots[p]
+                                for p in positions))
 
     def launch(self, values: list, stream: int) -> None:
         buffers = _buffers
@@ -222,27 +223,33 @@ class Entry:
 
 class BoundEntry:
     """An :class:`Entry` with its per-problem values fixed: ``bound(stream, *values)``, the
-    values of the per-call arguments in the order :meth:`Entry.bind` was given."""
+    values of the per-call arguments in the order :meth:`Entry.bind` was given.
 
-    __slots__ = ("entry", "_template", "_positions", "_converts", "_pointers")
+    This runs on every launch: a pointer (a tensor, None or an address, the usual per-call
+    value) is converted inline, and only other kinds call their conversion (a function call a
+    value cost RMSNorm's eager step about a microsecond of host time, docs/benchmarks.md#host-time).
+    """
+
+    __slots__ = ("_launch", "_template", "_positions", "_converts")
 
     def __init__(self, entry: Entry, template: list, positions: tuple, converts: tuple):
-        self.entry = entry
+        self._launch = entry.launch
         self._template = template
         self._positions = positions
         self._converts = converts
-        self._pointers = all(c is _pointer for c in converts)
+        """Per value: None for a pointer, else its kind's conversion."""
 
     def __call__(self, stream: int, *values) -> None:
+        if len(values) != len(self._positions):
+            raise TypeError(f"expected {len(self._positions)} per-call values, got {len(values)}")
         slots = self._template.copy()
-        if self._pointers:  # the common case, inline: tensors, None or addresses
-            for position, value in zip(self._positions, values):
+        for position, convert, value in zip(self._positions, self._converts, values):
+            if convert is None:
                 slots[position] = 0 if value is None else (
                     value if value.__class__ is int else value.data_ptr())
-        else:
-            for position, convert, value in zip(self._positions, self._converts, values):
+            else:
                 slots[position] = convert(value)
-        self.entry.launch(slots, stream)
+        self._launch(slots, stream)
 
 
 class Library:

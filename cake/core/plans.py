@@ -29,6 +29,9 @@ from . import manifest as mf
 # torch's raw-stream accessor (what Triton launches with) skips building a Stream object,
 # a few microseconds per call; torch.cuda.current_stream is the public equivalent.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# And its current-device query, without torch.cuda.current_device's Python wrapper (a launch's
+# tensors are on a CUDA device, so CUDA is initialised).
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def stream_handle(device: torch.device) -> int:
@@ -38,7 +41,7 @@ def stream_handle(device: torch.device) -> int:
     read there (an illegal address, or another GPU's memory through peer access)."""
     if device.type == "cpu":
         return 0
-    current = torch.cuda.current_device()
+    current = _current_device()
     if device.index is not None and device.index != current:
         raise RuntimeError(
             f"the tensors are on {device} but the current CUDA device is cuda:{current}: call "
@@ -180,26 +183,24 @@ class Plan:
     work and no workspace), or None for a program without that entry.
     """
 
-    __slots__ = ("problem", "device", "library", "workspace_bytes", "_bound")
+    # The bound entries are instance attributes (the __dict__), found by the first lookup: a
+    # __getattr__ fallback cost each launch about a microsecond on the H200's host.
+    __slots__ = ("problem", "device", "library", "workspace_bytes", "__dict__")
 
     def __init__(self, problem, library, bindings: Mapping[str, tuple], sizes: dict | None):
         self.problem = problem
         self.device = problem.device
         self.library = library
-        self._bound = {name: library.entry(name).bind(per_call, **fixed)
-                       for name, (per_call, fixed) in bindings.items()}
+        for name, (per_call, fixed) in bindings.items():
+            if hasattr(Plan, name):
+                raise ValueError(f"{library.program.library}: an entry named {name!r} would "
+                                 "hide the plan's own attribute")
+            setattr(self, name, library.entry(name).bind(per_call, **fixed))
         self.workspace_bytes = 0
         if sizes and next(iter(sizes.values())):
             out = ctypes.c_int64(-1)
             library.entry("workspace_bytes")(0, **sizes, out=ctypes.addressof(out))
             self.workspace_bytes = out.value
-
-    def __getattr__(self, name: str):
-        """A bound entry by name (``plan.forward``)."""
-        try:
-            return self._bound[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
 
 def workspace_or_new(plan: Plan, workspace: torch.Tensor | None,

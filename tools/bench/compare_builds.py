@@ -19,7 +19,8 @@ their own torch ops and load their own libraries, so both builds live in one pro
 - **Speed**, interleaved (tools/bench/harness.py): kernel time as CUDA-graph replay of the
   forward + backward helpers, and eager time of the autograd step, at 3 conv1d and 4 RMSNorm
   shapes; host time per call (1000 forward calls of a one-row problem, back to back); the
-  first call of each family in the process (library verify, load, image load) for each build.
+  first call of each family (library verify, load, image load) for each build, each in a
+  fresh process.
 
 Exit 1 when a tensor differs. Ratios are baseline time / this build's time (> 1: faster).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,23 +131,33 @@ def bitwise(torch, new: dict, old: dict) -> tuple[int, list]:
 # --------------------------------------------------------------------------- speed
 
 
-def first_calls(torch, new: dict, old: dict) -> dict:
-    """ms of the first call of each family (verify + load + image load + launch), per build."""
+_FIRST_CALL = """
+import importlib, sys, time, torch
+family = importlib.import_module(sys.argv[1])
+x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w = torch.randn(1024, 4, device="cuda", dtype=torch.bfloat16)
+(x * 2).sum().backward()  # torch's own first-use costs (allocator, autograd), outside the timing
+x.grad = None
+call = {"conv": lambda: family.cake_causal_conv1d_det(x, w),
+        "rms": lambda: family.cake_rmsnorm_det(x, w[:, 0].contiguous())}[sys.argv[2]]
+torch.cuda.synchronize()
+start = time.perf_counter()
+call()
+torch.cuda.synchronize()
+print((time.perf_counter() - start) * 1e3)
+"""
+
+
+def first_calls(new_prefix: str, old_prefix: str) -> dict:
+    """ms of the first call of each family (verify + load + image load + launch), per build,
+    each in a fresh process (after torch's own first-use costs): in one process the build timed
+    first would also pay for what the second then finds done."""
     result = {}
-    for label, fam in (("new", new), ("baseline", old)):
-        for name, make in (
-                (CONV, lambda f: lambda: f[CONV].cake_causal_conv1d_det(
-                    torch.randn(64, 64, device="cuda", dtype=torch.bfloat16),
-                    torch.randn(64, 4, device="cuda", dtype=torch.bfloat16))),
-                (RMS, lambda f: lambda: f[RMS].cake_rmsnorm_det(
-                    torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16),
-                    torch.ones(1024, device="cuda", dtype=torch.bfloat16)))):
-            call = make(fam)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            call()
-            torch.cuda.synchronize()
-            result[f"{label} {name}"] = (time.perf_counter() - start) * 1e3
+    for label, prefix in (("new", new_prefix), ("baseline", old_prefix)):
+        for name, kind in ((CONV, "conv"), (RMS, "rms")):
+            out = subprocess.run([sys.executable, "-c", _FIRST_CALL, f"{prefix}.{name}", kind],
+                                 check=True, capture_output=True, text=True).stdout
+            result[f"{label} {name}"] = float(out.split()[-1])
     return result
 
 
@@ -266,7 +278,8 @@ def main(argv=None) -> int:
         print("compare_builds: needs a CUDA GPU", file=sys.stderr)
         return 2
     new, old = families("cake"), families(args.baseline)
-    report = {"device": torch.cuda.get_device_name(), "first_call_ms": first_calls(torch, new, old)}
+    report = {"device": torch.cuda.get_device_name(),
+              "first_call_ms": first_calls("cake", args.baseline)}
     compared, differ = bitwise(torch, new, old)
     report.update(bitwise_tensors=compared, bitwise_differ=differ)
     print(f"bitwise: {compared} tensors compared, {len(differ)} differ")

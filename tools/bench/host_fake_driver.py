@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     import fake_gpu
     from cake.cake_causal_conv1d_det_train import (cake_causal_conv1d_det,
                                                     cake_causal_conv1d_det_train_forward)
-    from cake.cake_rmsnorm_det_train import cake_rmsnorm_det, cake_rmsnorm_det_train_forward
+    from cake.cake_rmsnorm_det_train import (cake_rmsnorm_det, cake_rmsnorm_det_train_backward,
+                                             cake_rmsnorm_det_train_forward)
     from cake.core import plans
 
     plans.stream_handle = lambda device: 0  # no CUDA in a CPU torch: the caller's stream is 0
@@ -71,6 +72,16 @@ def main(argv=None) -> int:
     wl = cuda(torch.randn(512, 4, dtype=torch.bfloat16)).requires_grad_()
     xnl = cuda(torch.randn(64, 4096, dtype=torch.bfloat16)).requires_grad_()
     wnl = cuda(torch.ones(4096, dtype=torch.float32)).requires_grad_()
+    dyn = cuda(torch.randn(64, 4096, dtype=torch.bfloat16))
+    dyl = cuda(torch.randn(2048, 512, dtype=torch.bfloat16))
+    rstd = cuda(cake_rmsnorm_det_train_forward(xn, wn)[2])
+
+    def step(functional, x, w, dy):
+        def run():
+            x.grad = w.grad = None
+            functional(x, w).backward(dy)
+        return run
+
     cases = {
         "conv1d forward helper, out given": lambda: cake_causal_conv1d_det_train_forward(
             x, w, None, None, out=y),
@@ -78,6 +89,9 @@ def main(argv=None) -> int:
         "conv1d eager autograd forward": lambda: cake_causal_conv1d_det(xl, wl),
         "rmsnorm forward helper": lambda: cake_rmsnorm_det_train_forward(xn, wn),
         "rmsnorm eager autograd forward": lambda: cake_rmsnorm_det(xnl, wnl),
+        "rmsnorm backward helper": lambda: cake_rmsnorm_det_train_backward(dyn, xn, wn, rstd),
+        "conv1d eager autograd step": step(cake_causal_conv1d_det, xl, wl, dyl),
+        "rmsnorm eager autograd step": step(cake_rmsnorm_det, xnl, wnl, dyn),
     }
     for function in cases.values():
         function()  # compiles the program (once), loads it

@@ -82,8 +82,8 @@ def is_cake_rowscale_det_train_supported(device: Optional[torch.device | int] = 
     return plans.supported(__file__, device, dtype, DTYPES)
 
 
-def _forward(x, scale) -> autograd.Forward:
-    return autograd.Forward((cake_rowscale_det_train_forward(x, scale),))
+def _forward(x, scale) -> tuple:
+    return (cake_rowscale_det_train_forward(x, scale),), None
 
 
 def _backward(plan, constants, saved, grads) -> dict:
@@ -106,4 +106,4 @@ CakeRowscaleDetFunction = _OP.function
 
 def cake_rowscale_det(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x * scale[:, None]`` with autograd (dx in x's dtype, dscale fp32)."""
-    return _OP(x, scale)
+    return _OP.functional(x, scale)
