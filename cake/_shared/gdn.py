@@ -735,27 +735,36 @@ class Programs:
 
     def differentiable(self, *, package: str, module: str, function_name: str,
                        doc: str) -> autograd.Differentiable:
-        """The family's autograd class and functional (core.autograd's skeleton) over packed
-        inputs: ``(q, k, v, g, beta, initial_state, cu_seqlens, chunk_doc, chunk_idx,
-        chunk_offsets, scale, output_final_state, qk_l2norm)`` -> o, or (o, final_state) with
-        output_final_state. The backward gets only the inputs (and the chunk tensors): it
-        recomputes everything per chunk."""
+        """The family's autograd class and functional (core.autograd's skeleton): ``(q, k, v,
+        g, beta, initial_state, cu_seqlens, chunk_doc, chunk_idx, chunk_offsets, scale,
+        output_final_state, qk_l2norm)`` -> o, or (o, final_state) with output_final_state.
+
+        Packed inputs ``[T, ...]`` take a chunk plan's four tensors; uniform documents (inputs
+        ``[B, T, ...]``, or one document ``[T, ...]``) take four None, and the call gets the
+        plan of their shapes itself (cached, made without reading the device), so a compiled
+        step over ``[B, T, ...]`` inputs neither syncs nor checks chunk tensors on the host. The
+        backward gets only the inputs (and the chunk tensors): it recomputes everything per
+        chunk."""
 
         def forward(q, k, v, g, beta, initial_state, cu, chunk_doc, chunk_idx, chunk_offsets,
                     scale, output_final_state, qk_l2norm):
-            chunks = Chunks(cu, chunk_doc, chunk_idx, chunk_offsets)
-            call = self.check_packed(q, k, v, g, beta, initial_state, chunks, scale,
-                                     output_final_state, qk_l2norm)
+            call, chunks = self.check_packed(q, k, v, g, beta, initial_state,
+                                             (cu, chunk_doc, chunk_idx, chunk_offsets), scale,
+                                             output_final_state, qk_l2norm)
             plan = self.plan(call.problem)
-            o, ht = self.forward(plan, q, k, v, g, beta, initial_state, chunks, scale,
+            pack = self.packed
+            o, ht = self.forward(plan, pack(q, call), pack(k, call), pack(v, call),
+                                 pack(g, call), pack(beta, call), initial_state, chunks, scale,
                                  output_final_state, qk_l2norm)
-            return (o, ht), plan
+            return (o.view(v.shape), ht), plan
 
         def fake(q, k, v, g, beta, initial_state, cu, chunk_doc, chunk_idx, chunk_offsets,
                  scale, output_final_state, qk_l2norm):
             ht = None
             if output_final_state:
-                ht = q.new_empty((cu.shape[0] - 1, v.shape[1], q.shape[2], v.shape[2]),
+                documents = (cu.shape[0] - 1 if cu is not None
+                             else q.shape[0] if q.dim() == 4 else 1)
+                ht = q.new_empty((documents, v.shape[-2], q.shape[-1], v.shape[-1]),
                                  dtype=torch.float32)
             return torch.empty_like(v), ht
 
@@ -763,44 +772,64 @@ class Programs:
             return tuple(args[:10])
 
         def backward(plan, constants, saved, grads):
-            q, k, v, g, beta, initial_state, cu, chunk_doc, chunk_idx, chunk_offsets = saved
+            q, k, v, g, beta, initial_state, *chunk_tensors = saved
             do, dht = grads
             if do is None and dht is None:
                 return {}
             if not self.deterministic:
                 self._alert()
-            chunks = Chunks(cu, chunk_doc, chunk_idx, chunk_offsets)
             scale, qk_l2norm = constants["scale"], constants["qk_l2norm"]
+            call, chunks = self.check_packed(q, k, v, g, beta, initial_state, chunk_tensors,
+                                             scale, constants["output_final_state"], qk_l2norm,
+                                             trusted=plan is not None)
             if plan is None:  # under torch.compile: the forward's plan is not at hand
-                call = self.check_packed(q, k, v, g, beta, initial_state, chunks, scale,
-                                         constants["output_final_state"], qk_l2norm)
                 plan = self.plan(call.problem)
             # Upstream gradients may be broadcast views or absent; the kernels read dense rows.
             do = torch.zeros_like(v) if do is None else _dense(do)
             dht = None if dht is None or dht.numel() == 0 else _dense(dht)
-            dq, dk, dv, dg, dbeta, dh0 = self.backward(plan, do, dht, q, k, v, g, beta,
-                                                       initial_state, chunks, scale, qk_l2norm)
-            return {"q": dq, "k": dk, "v": dv, "g": dg, "beta": dbeta, "initial_state": dh0}
+            pack = self.packed
+            found = self.backward(plan, pack(do, call), dht, pack(q, call), pack(k, call),
+                                  pack(v, call), pack(g, call), pack(beta, call), initial_state,
+                                  chunks, scale, qk_l2norm)
+            names = ("q", "k", "v", "g", "beta")
+            grads = {n: grad.view(like.shape)
+                     for n, grad, like in zip(names, found, (q, k, v, g, beta))}
+            return {**grads, "initial_state": found[5]}
 
         return autograd.Differentiable(
             package=package, name="gdn", function_name=function_name, module=module, doc=doc,
             arguments="Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, "
-                      "Tensor? initial_state, Tensor cu_seqlens, Tensor chunk_doc, "
-                      "Tensor chunk_idx, Tensor chunk_offsets, float scale, "
+                      "Tensor? initial_state, Tensor? cu_seqlens, Tensor? chunk_doc, "
+                      "Tensor? chunk_idx, Tensor? chunk_offsets, float scale, "
                       "bool output_final_state, bool qk_l2norm",
             forward=forward, fake=fake,
             outputs=lambda args: (0, 1) if args[11] else (0,),
             save=save, backward=backward,
             grad_like={"q": 0, "k": 1, "v": 2, "g": 3, "beta": 4, "initial_state": 5})
 
-    def check_packed(self, q, k, v, g, beta, initial_state, chunks: Chunks, scale,
-                     output_final_state, qk_l2norm) -> Call:
-        """The checks of the autograd class and the ops: 3-D inputs and the chunk tensors."""
-        if isinstance(q, torch.Tensor) and q.dim() != 3:
-            raise ValueError(f"q: the autograd class takes packed inputs [T, H, K], got "
-                             f"{checks.describe(q)}; the functional also takes [B, T, H, K]")
+    def check_packed(self, q, k, v, g, beta, initial_state, chunk_tensors: tuple, scale,
+                     output_final_state, qk_l2norm, *, trusted: bool = False) -> tuple:
+        """The checks of the autograd class and the ops: (call, chunks). Four chunk tensors
+        (a plan's) with packed inputs [T, ...], or four None with uniform documents (inputs
+        [B, T, ...], or one document [T, ...]), whose plan comes from the shapes here
+        (``trusted``: the chunk tensors were checked when the forward ran)."""
+        given = [t is not None for t in chunk_tensors]
+        if any(given) and not all(given):
+            raise ValueError("cu_seqlens, chunk_doc, chunk_idx, chunk_offsets: pass all four "
+                             "(a chunk plan's tensors, plan.tensors()) or none (uniform "
+                             "documents)")
+        if all(given) and isinstance(q, torch.Tensor) and q.dim() != 3:
+            raise ValueError(f"q: packed inputs [T, H, K] go with chunk tensors; [B, T, H, K] "
+                             f"take none (B documents of T tokens), got {checks.describe(q)}")
         call = validate(q, k, v, g, beta, None, None, None)
-        check_chunks(chunks, call.tokens, q.device)
+        if all(given):
+            chunks = Chunks(*chunk_tensors)
+            if not trusted:
+                check_chunks(chunks, call.tokens, q.device)
+        else:
+            documents, length = call.batched if call.batched is not None else (1, call.tokens)
+            chunks = Chunks(*plan_for(self.plan_type, None, documents, length,
+                                      q.device).tensors())
         if initial_state is not None:
             call = dataclasses.replace(call, documents=chunks.documents)
             state = [chunks.documents, call.value_heads, call.problem.head_k, call.problem.head_v]
@@ -815,7 +844,7 @@ class Programs:
         _check_scale(scale)
         checks.check_flag("output_final_state", output_final_state)
         checks.check_flag("qk_l2norm", qk_l2norm)
-        return call
+        return call, chunks
 
     # ----------------------------------------------------------------------- public helpers
 
@@ -836,18 +865,18 @@ class Programs:
 
     def functional(self, op: autograd.Differentiable, q, k, v, g, beta, cu_seqlens, *, scale,
                    initial_state, output_final_state, qk_l2norm, plan) -> tuple:
-        """The autograd functional: checks, chunk plan, then ``op`` on packed inputs;
+        """The autograd functional: checks, then ``op`` with the chunk plan's tensors (packed
+        documents), or with none (uniform documents: ``op`` gets their plan from the shapes);
         returns (o, final_state or None), o shaped like v."""
         call, scale = self.resolve(q, k, v, g, beta, cu_seqlens, plan, initial_state, scale,
                                    {"output_final_state": output_final_state,
                                     "qk_l2norm": qk_l2norm})
-        chunk_plan = self.chunk_plan(call, cu_seqlens, plan)
-        pack = self.packed
-        result = op.functional(pack(q, call), pack(k, call), pack(v, call), pack(g, call),
-                               pack(beta, call), initial_state, *chunk_plan.tensors(), scale,
+        chunk_tensors = (None,) * 4
+        if plan is not None or cu_seqlens is not None:
+            chunk_tensors = self.chunk_plan(call, cu_seqlens, plan).tensors()
+        result = op.functional(q, k, v, g, beta, initial_state, *chunk_tensors, scale,
                                output_final_state, qk_l2norm)
-        o, ht = result if output_final_state else (result, None)
-        return o.view(v.shape), ht
+        return result if output_final_state else (result, None)
 
     def forward_helper(self, q, k, v, g, beta, cu_seqlens, *, scale, initial_state,
                        output_final_state, qk_l2norm, plan, out, final_state) -> tuple:

@@ -163,8 +163,9 @@ _OP = _PROGRAMS.differentiable(package=__package__, module=__name__,
                                function_name="CakeGDNNondetFunction", doc="""``apply(q, k, v, g,
     beta, initial_state, cu_seqlens, chunk_doc, chunk_idx, chunk_offsets, scale,
     output_final_state, qk_l2norm)`` over packed inputs ([T, H, K]; the four int32 chunk
-    tensors of a :class:`CakeGDNNondetPlan`, ``plan.tensors()``): o, or ``(o, final_state)``
-    with output_final_state. Saves only the inputs and the chunk tensors: the backward
+    tensors of a :class:`CakeGDNNondetPlan`, ``plan.tensors()``), or over uniform documents
+    ([B, T, H, K], or one document [T, H, K]; the four chunk tensors None): o, or
+    ``(o, final_state)`` with output_final_state. Saves only the inputs and the chunk tensors: the backward
     recomputes the chunk quantities (0 bytes per token and head beyond the inputs).
 
     Example::

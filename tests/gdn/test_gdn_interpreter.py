@@ -332,6 +332,40 @@ def test_torch_compile_runs_the_opaque_ops(mode):
         assert torch.equal(eager, compiled)
 
 
+@pytest.mark.parametrize("mode", FAMILIES)
+def test_torch_compile_of_uniform_documents_reads_no_offsets(mode, monkeypatch):
+    """fullgraph torch.compile of a step over [B, T, ...] inputs: the ops get the plan of the
+    shapes themselves, so nothing reads chunk offsets on the host (a sync, and refused under
+    graph capture); the same bits as the eager step over the packed inputs with their plan."""
+    _, functional, _, _, plan_type = family(mode)
+    batch, length = 3, 70
+    inputs = make_inputs([length] * batch, 1, 2, 64, l2norm=True, seed=16)
+    plan = plan_type(inputs["cu"])
+
+    def packed_step(q, k, v, g, beta, h0):
+        o, ht = functional(q, k, v, g, beta, plan=plan, initial_state=h0,
+                           output_final_state=True, qk_l2norm=True)
+        return (o * inputs["do"]).sum() + (ht * inputs["dht"]).sum()
+
+    def batched_step(q, k, v, g, beta, h0):
+        o, ht = functional(*(x.view(batch, length, *x.shape[1:]) for x in (q, k, v, g, beta)),
+                           initial_state=h0, output_final_state=True, qk_l2norm=True)
+        assert o.shape == (batch, length, 2, 64)
+        return (o.view(-1, 2, 64) * inputs["do"]).sum() + (ht * inputs["dht"]).sum()
+
+    def read_offsets(*_):
+        raise AssertionError("chunk offsets read on the host")
+
+    results = []
+    for runner in (packed_step, torch.compile(batched_step, fullgraph=True)):
+        leaves = [inputs[n].clone().requires_grad_() for n in SOURCES]
+        runner(*leaves).backward()
+        results.append([x.grad for x in leaves])
+        monkeypatch.setattr(shared, "_check_offsets", read_offsets)  # from the compiled step on
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+
+
 def test_a_plan_of_either_family_serves_both():
     import cake.cake_gdn_det_train as det
     import cake.cake_gdn_nondet_train as nondet
