@@ -756,7 +756,8 @@ class Programs:
             o, ht = self.forward(plan, pack(q, call), pack(k, call), pack(v, call),
                                  pack(g, call), pack(beta, call), initial_state, chunks, scale,
                                  output_final_state, qk_l2norm)
-            return (o.view(v.shape), ht), plan
+            # The eager backward reuses the checked call and its chunks with the program.
+            return (o.view(v.shape), ht), (plan, call, chunks)
 
         def fake(q, k, v, g, beta, initial_state, cu, chunk_doc, chunk_idx, chunk_offsets,
                  scale, output_final_state, qk_l2norm):
@@ -779,11 +780,13 @@ class Programs:
             if not self.deterministic:
                 self._alert()
             scale, qk_l2norm = constants["scale"], constants["qk_l2norm"]
-            call, chunks = self.check_packed(q, k, v, g, beta, initial_state, chunk_tensors,
-                                             scale, constants["output_final_state"], qk_l2norm,
-                                             trusted=plan is not None)
             if plan is None:  # under torch.compile: the forward's plan is not at hand
+                call, chunks = self.check_packed(q, k, v, g, beta, initial_state, chunk_tensors,
+                                                 scale, constants["output_final_state"],
+                                                 qk_l2norm)
                 plan = self.plan(call.problem)
+            else:
+                plan, call, chunks = plan
             # Upstream gradients may be broadcast views or absent; the kernels read dense rows.
             do = torch.zeros_like(v) if do is None else _dense(do)
             dht = None if dht is None or dht.numel() == 0 else _dense(dht)
@@ -808,11 +811,10 @@ class Programs:
             grad_like={"q": 0, "k": 1, "v": 2, "g": 3, "beta": 4, "initial_state": 5})
 
     def check_packed(self, q, k, v, g, beta, initial_state, chunk_tensors: tuple, scale,
-                     output_final_state, qk_l2norm, *, trusted: bool = False) -> tuple:
+                     output_final_state, qk_l2norm) -> tuple:
         """The checks of the autograd class and the ops: (call, chunks). Four chunk tensors
         (a plan's) with packed inputs [T, ...], or four None with uniform documents (inputs
-        [B, T, ...], or one document [T, ...]), whose plan comes from the shapes here
-        (``trusted``: the chunk tensors were checked when the forward ran)."""
+        [B, T, ...], or one document [T, ...]), whose plan comes from the shapes here."""
         given = [t is not None for t in chunk_tensors]
         if any(given) and not all(given):
             raise ValueError("cu_seqlens, chunk_doc, chunk_idx, chunk_offsets: pass all four "
@@ -824,8 +826,7 @@ class Programs:
         call = validate(q, k, v, g, beta, None, None, None)
         if all(given):
             chunks = Chunks(*chunk_tensors)
-            if not trusted:
-                check_chunks(chunks, call.tokens, q.device)
+            check_chunks(chunks, call.tokens, q.device)
         else:
             documents, length = call.batched if call.batched is not None else (1, call.tokens)
             chunks = Chunks(*plan_for(self.plan_type, None, documents, length,
