@@ -248,6 +248,27 @@ def _remember(plan: ChunkPlan) -> ChunkPlan:
     return plan
 
 
+_side_streams: dict = {}
+
+
+def _lasting(make: Callable, documents: int, length: int, device: torch.device) -> ChunkPlan:
+    """``make(documents, length, device)`` for a plan kept across calls, made in memory no CUDA
+    graph owns: torch.compile's ``mode="reduce-overhead"`` runs its warm-up calls with the
+    current stream's allocations routed to a graph's private pool, whose blocks later replays
+    reuse. A stream of the plan's own is in no pool; the current stream waits for it."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return make(documents, length, device)
+    side = _side_streams.get(device)
+    if side is None:
+        side = _side_streams[device] = torch.cuda.Stream(device)
+    current = torch.cuda.current_stream(device)
+    with torch.cuda.stream(side):
+        plan = make(documents, length, device)
+    current.wait_stream(side)
+    plan.cu.record_stream(current)  # the buffer is read there (and freed once evicted)
+    return plan
+
+
 def plan_for(plan_type: type, cu_seqlens: Optional[torch.Tensor], documents: int, length: int,
              device: torch.device) -> ChunkPlan:
     """The chunk plan of a call without ``plan=``: from ``cu_seqlens`` (one host sync, then
@@ -261,7 +282,7 @@ def plan_for(plan_type: type, cu_seqlens: Optional[torch.Tensor], documents: int
         key = (plan_type, device, documents, length)
         found = _uniform_plans.get(key)
         if found is None:
-            found = _uniform_plans.put(key, plan_type.uniform(documents, length, device))
+            found = _uniform_plans.put(key, _lasting(plan_type.uniform, documents, length, device))
         return found
     known = _cu_plans.get(id(cu_seqlens))
     if known is not None and known[0]() is cu_seqlens and known[1] == cu_seqlens._version:
@@ -753,11 +774,14 @@ class Programs:
                                              output_final_state, qk_l2norm)
             plan = self.plan(call.problem)
             pack = self.packed
-            o, ht = self.forward(plan, pack(q, call), pack(k, call), pack(v, call),
+            # o is allocated in v's shape (the kernels write its packed view): an output that
+            # is a view could not be modified in place by the caller.
+            o = torch.empty_like(v)
+            _, ht = self.forward(plan, pack(q, call), pack(k, call), pack(v, call),
                                  pack(g, call), pack(beta, call), initial_state, chunks, scale,
-                                 output_final_state, qk_l2norm)
+                                 output_final_state, qk_l2norm, out=pack(o, call))
             # The eager backward reuses the checked call and its chunks with the program.
-            return (o.view(v.shape), ht), (plan, call, chunks)
+            return (o, ht), (plan, call, chunks)
 
         def fake(q, k, v, g, beta, initial_state, cu, chunk_doc, chunk_idx, chunk_offsets,
                  scale, output_final_state, qk_l2norm):

@@ -338,8 +338,11 @@ class Programs:
         splits, per = forward_splits(tokens, vocab, tiles)
         dummy = plans.unused_pointer(device)
         parts = [_new((splits, tokens), _F32, hidden) for _ in range(4 if entropy else 3)]
-        rmax, logl, out = (_new((tokens,), _F32, hidden) for _ in range(3))
-        ent = _new((tokens,), _F32, hidden) if entropy else None
+        rmax, logl = (_new((tokens,), _F32, hidden) for _ in range(2))
+        # The per-token outputs in labels' shape (the kernels see T contiguous values): an
+        # autograd output that were a view of them could not be modified in place.
+        out = _new(call.shape, _F32, hidden)
+        ent = _new(call.shape, _F32, hidden) if entropy else None
         stream = plans.stream_handle(device)
         flat = labels.view(tokens)
         plan.stats(stream, splits * _cdiv(tokens, tiles["STATS_BT"]), 1, 1,
@@ -469,8 +472,7 @@ class Programs:
                 plan, call, hidden, weight, labels, logprob=False, reduction=reduction,
                 ignore_index=ignore_index, logit_softcap=logit_softcap, temperature=1.0,
                 entropy=False)
-            loss = out if count is not None else out.view(call.shape)  # per token for none
-            return (loss, rmax, logl, count), plan
+            return (out, rmax, logl, count), plan  # out: per token for none, else a scalar
 
         def fake(hidden, weight, labels, accumulator, ignore_index, reduction, logit_softcap,
                  check_labels):
@@ -524,8 +526,7 @@ class Programs:
                 plan, call, hidden, weight, labels, logprob=True, reduction="none",
                 ignore_index=ignore_index, logit_softcap=logit_softcap,
                 temperature=temperature, entropy=return_entropy)
-            return (out.view(call.shape), None if ent is None else ent.view(call.shape), rmax,
-                    logl), plan
+            return (out, ent, rmax, logl), plan
 
         def fake(hidden, weight, labels, accumulator, ignore_index, temperature, logit_softcap,
                  return_entropy, check_labels):

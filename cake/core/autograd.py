@@ -126,13 +126,25 @@ class Differentiable:
     # ----------------------------------------------------------------------- eager
 
     def _function_class(self, name: str, module: str, doc: str) -> type:
-        keep, launch = self._keep, self._forward
+        keep, launch, backward = self._keep, self._forward, self._backward
+        names, constant_names = self.names, self._constant_names
 
         def forward(ctx, *args):
             return keep(ctx, *args, launch(*args))
 
+        # A plain function (dynamo traces a bound method given as backward as a classmethod),
+        # with the skeleton's part written in it: it runs on every eager backward.
+        def eager_backward(ctx, *grads):
+            by_result = [None] * ctx.result_count
+            for index, grad in zip(ctx.visible, grads):
+                by_result[index] = grad
+            found = backward(ctx.plan, dict(zip(constant_names, ctx.constants)),
+                             ctx.saved_tensors, tuple(by_result))
+            # The launch-first subclass's forward takes one argument more (the launch's result).
+            return (*map(found.get, names), *(None,) * (len(ctx.needs_input_grad) - len(names)))
+
         return type(name, (torch.autograd.Function,), {
-            "forward": staticmethod(forward), "backward": staticmethod(self._eager_backward),
+            "forward": staticmethod(forward), "backward": staticmethod(eager_backward),
             "__module__": module, "__qualname__": name, "__doc__": doc})
 
     def _keep(self, ctx, *args_and_launched):
@@ -146,16 +158,6 @@ class Differentiable:
         if len(visible) == 1:
             return results[visible[0]]
         return tuple([results[i] for i in visible])
-
-    def _eager_backward(self, ctx, *grads) -> tuple:
-        by_result = [None] * ctx.result_count
-        for index, grad in zip(ctx.visible, grads):
-            by_result[index] = grad
-        found = self._backward(ctx.plan, dict(zip(self._constant_names, ctx.constants)),
-                               ctx.saved_tensors, tuple(by_result))
-        # The launch-first subclass's forward takes one argument more (the launch's result).
-        extra = len(ctx.needs_input_grad) - len(self.names)
-        return (*map(found.get, self.names), *(None,) * extra)
 
     def _compiled(self, *args):
         results = self._forward_op(*args)

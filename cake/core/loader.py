@@ -230,9 +230,10 @@ class BoundEntry:
     value cost RMSNorm's eager step about a microsecond of host time, docs/benchmarks.md#host-time).
     """
 
-    __slots__ = ("_launch", "_template", "_positions", "_converts")
+    __slots__ = ("_name", "_launch", "_template", "_positions", "_converts")
 
     def __init__(self, entry: Entry, template: list, positions: tuple, converts: tuple):
+        self._name = entry._name
         self._launch = entry.launch
         self._template = template
         self._positions = positions
@@ -241,7 +242,7 @@ class BoundEntry:
 
     def __call__(self, stream: int, *values) -> None:
         if len(values) != len(self._positions):
-            raise TypeError(f"expected {len(self._positions)} per-call values, got {len(values)}")
+            _wrong_count(self._name, len(self._positions), values)
         slots = self._template.copy()
         for position, convert, value in zip(self._positions, self._converts, values):
             if convert is None:
@@ -250,6 +251,10 @@ class BoundEntry:
             else:
                 slots[position] = convert(value)
         self._launch(slots, stream)
+
+
+def _wrong_count(name: str, expected: int, values: tuple):
+    raise TypeError(f"{name}: expected {expected} per-call values, got {len(values)}")
 
 
 class Library:
@@ -354,6 +359,8 @@ class InterpretedEntry:
 
     def bind(self, per_call: tuple, **fixed):
         def bound(stream: int, *values) -> None:
+            if len(values) != len(per_call):
+                _wrong_count(self._kernel.__name__, len(per_call), values)
             self(stream, **fixed, **dict(zip(per_call, values)))
         return bound
 

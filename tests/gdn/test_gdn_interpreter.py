@@ -194,6 +194,30 @@ def test_batched_inputs_are_b_documents(mode):
 
 
 @pytest.mark.parametrize("mode", FAMILIES)
+@pytest.mark.parametrize("form", ["packed", "batched"])
+def test_the_output_may_be_modified_in_place(mode, form):
+    """o is the autograd function's own output, not a view of it: a caller may scale it in
+    place, and the gradients are those of the scaled output."""
+    _, functional, _, _, plan_type = family(mode)
+    inputs = make_inputs([64, 64], 1, 2, 64, seed=17)
+    leaves = {n: inputs[n].clone().requires_grad_() for n in SOURCES}
+    args = [leaves[n] for n in ("q", "k", "v", "g", "beta")]
+    if form == "packed":
+        o, _ = functional(*args, plan=plan_type(inputs["cu"]))
+    else:
+        o, _ = functional(*(x.view(2, 64, *x.shape[1:]) for x in args))
+    o.mul_(2.0)
+    (o.reshape(inputs["do"].shape) * inputs["do"]).sum().backward()
+    expected = {n: leaves[n].grad.clone() for n in ("q", "v")}
+    for leaf in leaves.values():
+        leaf.grad = None
+    o, _ = functional(*args, plan=plan_type(inputs["cu"]))
+    (o * 2.0 * inputs["do"]).sum().backward()
+    for name, grad in expected.items():
+        assert torch.equal(grad, leaves[name].grad), name
+
+
+@pytest.mark.parametrize("mode", FAMILIES)
 def test_no_tokens_launch_nothing_and_pass_the_state_through(mode):
     _, functional, forward, backward, plan_type = family(mode)
     plan = plan_type(torch.tensor([0, 0, 0], dtype=torch.int32))

@@ -186,6 +186,29 @@ def test_leading_dims_are_tokens(mode):
     check_loss(mode, hidden[:-1], weight, padded[1:], reduction="sum", logit_softcap=2.0)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("entry", ["loss", "logprob"])
+def test_per_token_outputs_may_be_modified_in_place(mode, entry):
+    """The per-token outputs (loss with reduction none, log-probabilities) are the autograd
+    function's own tensors, not views: a caller may scale them in place, and the gradients are
+    those of the scaled outputs."""
+    hidden, weight, labels = make_inputs(2 * 30, 24, 150, seed=18)
+    functional = family(mode)[0 if entry == "loss" else 1]
+    options = {"reduction": "none"} if entry == "loss" else {}
+    grad = torch.randn(2, 30)
+    found = []
+    for in_place in (True, False):
+        h = hidden.clone().view(2, 30, 24).requires_grad_(True)
+        out = functional(h, weight, labels.view(2, 30), **options)
+        if in_place:
+            out.mul_(2.0)
+        else:
+            out = out * 2.0
+        (out * grad).sum().backward()
+        found.append(h.grad)
+    assert torch.equal(found[0], found[1])
+
+
 # --------------------------------------------------------------------------- fp16, accumulator
 
 

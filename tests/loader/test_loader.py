@@ -769,7 +769,7 @@ def test_bind_fixes_the_problem_and_takes_the_rest_per_call(fresh, fake):
     # A call with a value missing or extra launches nothing.
     count = len(fake.launches())
     for values in ((), (0x2000, 0x3000)):
-        with pytest.raises(TypeError, match="expected 1 per-call values, got"):
+        with pytest.raises(TypeError, match="_scale: expected 1 per-call values, got"):
             bound(0, *values)
     assert len(fake.launches()) == count
 
