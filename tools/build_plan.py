@@ -282,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if cxx is None:
                 raise PlanError("no host C++ compiler ($CXX, c++ or g++) for the program "
                                 "libraries; install g++ or set CXX")
-            tools = tc.Tools(nvcc=args.nvcc, cxx=cxx, python=args.python, ptxas=tc.find_ptxas())
+            tools = tc.Tools(nvcc=args.nvcc, cxx=cxx, python=args.python, ptxas=tc.find_ptxas(),
+                             fatbinary=tc.find_fatbinary())
         text = plan_text(families, arches, layout, tools, args.build_dir, watch)
         mf.write_if_changed(args.output, text.encode())
     except PlanError as exc:

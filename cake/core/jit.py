@@ -86,6 +86,8 @@ def toolchain_key(program: mf.Program) -> str:
     if program.kind == "triton":
         ptxas = tc.find_ptxas()
         assembler = f"ptxas-{compiler_version(ptxas)}" if ptxas else "ptxas-triton"
+        if tc.find_fatbinary():  # the same images, compressed
+            assembler += "-fatbin"
         return f"triton-{triton_aot.installed_version()}-{assembler}-{host}"
     return f"nvcc-{compiler_version(find_nvcc())}-{host}"
 
@@ -165,7 +167,7 @@ def build_steps(tree: mf.PackageTree, program: mf.Program, arch: str, work_dir: 
                 output: Path) -> list[list[str]]:
     """The commands that build ``program`` for ``arch`` into ``output``: the AOT build's own."""
     tools = tc.Tools(nvcc=find_nvcc(), cxx=tc.find_cxx(), python=sys.executable,
-                     ptxas=tc.find_ptxas())
+                     ptxas=tc.find_ptxas(), fatbinary=tc.find_fatbinary())
     return tc.library_steps(
         tools, kind=program.kind, library=program.library, digest=program.digest, arch=arch,
         include_dir=str(tree.include_dir), flags=program.flags,

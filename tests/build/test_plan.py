@@ -96,6 +96,9 @@ def test_the_flags_hash_follows_every_build_flag(monkeypatch):
     real = tc.device_flags
     monkeypatch.setattr(tc, "device_flags", lambda arch: [*real(arch), "-G"])
     assert tc.flags_hash() != before
+    monkeypatch.undo()
+    monkeypatch.setattr(tc, "FATBINARY_COMPRESSION", ("-compress-all",))
+    assert tc.flags_hash() != before
 
 
 def _sources(*roles: str) -> list[tc.Source]:
@@ -141,6 +144,22 @@ def test_library_steps_of_a_triton_program_run_the_pinned_triton():
     assert steps[1][0] == "/usr/bin/c++" and steps[1][-2:] == ["-o", "/out/lib.so"]
     assert "-include" in steps[1] and "/work/lib_sm_100a.kernel_scale.h" in steps[1]
     assert '-DCAKE_IMAGES=CAKE_IMAGE(0,"/work/lib_sm_100a.kernel_scale.cubin")' in steps[1]
+
+
+def test_library_steps_of_a_triton_program_compress_the_cubin_with_the_toolkits_fatbinary():
+    steps = tc.library_steps(
+        tc.Tools(nvcc=None, cxx="/usr/bin/c++", python="/py/bin/python", ptxas="/cuda/ptxas",
+                 fatbinary="/cuda/fatbinary"),
+        kind="triton", library="lib", digest=DIGEST, arch="sm_100a", include_dir="/inc",
+        flags=["triton==3.9.0"], sources=[tc.Source("kernel_scale", "/src/lib_kernel_scale.py"),
+                                          tc.Source("binding", "/src/lib_binding.cu")],
+        work_dir="/work", output="/out/lib.so")
+    assert "/work/lib_sm_100a.kernel_scale.cubin" in steps[0]
+    assert steps[1] == ["/cuda/fatbinary", "--create=/work/lib_sm_100a.kernel_scale.fatbin",
+                        "--image3=kind=elf,sm=100a,file=/work/lib_sm_100a.kernel_scale.cubin",
+                        "-compress-all", "--compress-mode=size"]
+    assert steps[2][0] == "/usr/bin/c++" and "/work/lib_sm_100a.kernel_scale.h" in steps[2]
+    assert '-DCAKE_IMAGES=CAKE_IMAGE(0,"/work/lib_sm_100a.kernel_scale.fatbin")' in steps[2]
 
 
 @pytest.mark.parametrize("roles,message", [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import triton
 
 from triton_repo import FAMILY, REPO, make_triton_repo
 
@@ -227,7 +229,8 @@ def test_cubins_and_libraries_are_byte_identical_across_checkouts(tmp_path):
         program = mf.read(tree.manifest_path).programs[0]
         work = root / "build"
         work.mkdir()
-        tools = tc.Tools(nvcc=None, cxx=tc.find_cxx(), ptxas=tc.find_ptxas())
+        tools = tc.Tools(nvcc=None, cxx=tc.find_cxx(), ptxas=tc.find_ptxas(),
+                         fatbinary=tc.find_fatbinary())
         steps = tc.library_steps(
             tools, kind="triton", library=program.library, digest=program.digest,
             arch="sm_90a", include_dir=str(tree.include_dir), flags=program.flags,
@@ -240,6 +243,39 @@ def test_cubins_and_libraries_are_byte_identical_across_checkouts(tmp_path):
     assert built[0].keys() == built[1].keys()
     for name in built[0]:
         assert built[0][name] == built[1][name], name
+
+
+def test_the_compressed_image_holds_the_cubin_unchanged(tmp_path):
+    """With the toolkit's fatbinary the library embeds the cubin in a compressed fatbin: the
+    ELF that cuobjdump extracts from it is the cubin, byte for byte."""
+    fatbinary = tc.find_fatbinary()
+    cuobjdump = shutil.which("cuobjdump") or str(
+        Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    if fatbinary is None or not os.access(cuobjdump, os.X_OK):
+        pytest.skip("needs the CUDA toolkit's fatbinary and a cuobjdump")
+    tree = make_triton_repo(tmp_path / "repo")
+    program = mf.read(tree.manifest_path).programs[0]
+    work = tmp_path / "build"
+    work.mkdir()
+    steps = tc.library_steps(
+        tc.Tools(nvcc=None, cxx=tc.find_cxx(), ptxas=tc.find_ptxas(), fatbinary=fatbinary),
+        kind="triton", library=program.library, digest=program.digest, arch="sm_90a",
+        include_dir=str(tree.include_dir), flags=program.flags,
+        sources=[tc.Source(s.role, str(tree.source_path(s))) for s in program.sources],
+        work_dir=str(work), output=str(work / "library.so"))
+    for step in steps:
+        subprocess.run(step, capture_output=True, text=True, check=True)
+    cubins = sorted(work.glob("*.cubin"))
+    assert cubins and sorted(work.glob("*.fatbin")) == [c.with_suffix(".fatbin") for c in cubins]
+    for cubin in cubins:
+        fatbin = cubin.with_suffix(".fatbin")
+        assert fatbin.stat().st_size < cubin.stat().st_size
+        out = tmp_path / cubin.stem
+        out.mkdir()
+        subprocess.run([cuobjdump, "--extract-elf", "all", str(fatbin)], cwd=out, check=True,
+                       capture_output=True)
+        (extracted,) = out.glob("*.cubin")
+        assert extracted.read_bytes() == cubin.read_bytes(), cubin.name
 
 
 REFUSED_SOURCE = '''
