@@ -370,6 +370,18 @@ class Call:
     documents: int
     batched: Optional[tuple]
     """(B, T) for [B, T, ...] inputs, else None."""
+    pieces: int = 1
+    """V / K: the kernels run each value head as this many heads of K columns (:func:`split`)."""
+
+    @property
+    def head_v(self) -> int:
+        """The caller's V (the program's is K)."""
+        return self.problem.head_v * self.pieces
+
+    @property
+    def state_shape(self) -> tuple:
+        """[N, HV, K, V] of the initial and final states (the caller's V)."""
+        return (self.documents, self.value_heads, self.problem.head_k, self.head_v)
 
 
 def validate(q, k, v, g, beta, initial_state, cu_seqlens, plan) -> Call:
@@ -398,18 +410,19 @@ def validate(q, k, v, g, beta, initial_state, cu_seqlens, plan) -> Call:
     value_heads, head_v = v.shape[-2], v.shape[-1]
     if head_k not in HEAD_DIMS:
         raise ValueError(f"q: expected K (the last dim) in {HEAD_DIMS}, got {checks.describe(q)}")
-    if head_v not in HEAD_DIMS:
-        raise ValueError(f"v: expected V (the last dim) in {HEAD_DIMS}, got {checks.describe(v)}")
-    if head_v != head_k:
-        raise ValueError(f"v: expected V = K = {head_k} (the programs are built for K = V in "
-                         f"{HEAD_DIMS}), got {checks.describe(v)}")
+    if head_v < head_k or head_v % head_k:
+        raise ValueError(f"v: expected V (the last dim) a multiple of K = {head_k} (V = m K runs "
+                         f"as m value heads of K columns; for V < K, zero-pad v and "
+                         f"initial_state to K columns and keep o[..., :V]: exact, at K's cost), "
+                         f"got {checks.describe(v)}")
+    pieces = head_v // head_k
     if heads < 1 or value_heads < heads or value_heads % heads:
         raise ValueError(f"v: expected HV (value heads) a positive multiple of H = {heads} (q's "
                          f"heads; value head j reads q/k head j // (HV / H)), got "
                          f"{checks.describe(v)}")
-    if value_heads > _MAX_GRID_Y:
-        raise ValueError(f"v: expected at most {_MAX_GRID_Y} value heads, got "
-                         f"{checks.describe(v)}")
+    if value_heads * pieces > _MAX_GRID_Y:
+        raise ValueError(f"v: expected HV x V / K at most {_MAX_GRID_Y} (the kernels' value "
+                         f"heads), got {checks.describe(v)}")
     gate_shape = [*lead, value_heads]
     checks.check_tensor("g", g, dtypes=(torch.float32,), ndims=(q.dim() - 1,),
                         shape_hint=f"{gate_shape} float32 (log-decay)", device_type=device_type)
@@ -459,9 +472,9 @@ def validate(q, k, v, g, beta, initial_state, cu_seqlens, plan) -> Call:
         documents = cu_seqlens.shape[0] - 1
     else:
         documents = 1
-    if tokens * heads > _MAX_I32 or tokens * value_heads > _MAX_I32:
-        raise ValueError(f"q: expected T * HV < 2^31 tokens x value heads, got T = {tokens}, "
-                         f"HV = {value_heads}")
+    if tokens * heads > _MAX_I32 or tokens * value_heads * pieces > _MAX_I32:
+        raise ValueError(f"q: expected T x HV x V / K < 2^31 (tokens x the kernels' value "
+                         f"heads), got T = {tokens}, HV = {value_heads}, V / K = {pieces}")
     if initial_state is not None:
         state = [documents, value_heads, head_k, head_v]
         checks.check_tensor("initial_state", initial_state, dtypes=(torch.float32,), ndims=(4,),
@@ -472,8 +485,8 @@ def validate(q, k, v, g, beta, initial_state, cu_seqlens, plan) -> Call:
                              f"documents), got {checks.describe(initial_state)}")
     checks.check_aligned({"q": q, "k": k, "v": v, "g": g, "beta": beta,
                     "initial_state": initial_state})
-    return Call(Problem(q.device, q.dtype, head_k, head_v), tokens, heads, value_heads,
-                documents, tuple(lead) if batched else None)
+    return Call(Problem(q.device, q.dtype, head_k, head_k), tokens, heads, value_heads,
+                documents, tuple(lead) if batched else None, pieces)
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
@@ -501,6 +514,49 @@ def bindings(problem: Problem) -> dict:
     return {name: (_GRID + arguments, {}) for name, arguments in ARGUMENTS.items()}
 
 
+# --------------------------------------------------------------------------- V = m K
+
+
+def split(tensor: torch.Tensor, pieces: int) -> torch.Tensor:
+    """[T, HV, m K] -> [T, HV m, K], a view: the kernels' value heads, each of K columns.
+
+    The recurrence never mixes V columns (column c of S evolves from column c of v alone, and
+    column c of o reads only it), so V = m K is m independent problems of K columns that share
+    q, k, g and beta. Column block j of value head i becomes head i m + j, which reads q/k head
+    (i m + j) // (HV m / H) = i // (HV / H), the caller's; dq and dk sum over the group as
+    before, dg and dbeta over the pieces (:func:`gather`). The K-side work of a chunk (A, the
+    inverse, W, Q K^T) runs once per piece (docs/families/gdn.md#head-dimensions)."""
+    tokens, heads, columns = tensor.shape
+    return tensor.view(tokens, heads * pieces, columns // pieces)
+
+
+def spread(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """g or beta [T, HV] -> ``out`` fp32 [T, HV m]: each value head's value for each piece."""
+    out.view(*gate.shape, -1).copy_(gate.unsqueeze(-1))
+    return out
+
+
+def gather(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """dg or dbeta fp32 [T, HV m] -> ``out`` [T, HV] (its dtype): the pieces summed in order."""
+    torch.sum(grad.view(*out.shape, -1), dim=-1, out=out)
+    return out
+
+
+def copy_state(state: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """A state copied between the caller's layout [N, HV, K, m K] and the kernels' [N, HV m,
+    K, K], either way (the shapes say which)."""
+    wide, narrow = (state, out) if state.shape[-1] > state.shape[-2] else (out, state)
+    documents, heads, rows, columns = wide.shape
+    pieces = columns // rows
+    by_piece = wide.view(documents, heads, rows, pieces, rows).transpose(2, 3)
+    kernels = narrow.view(documents, heads, pieces, rows, rows)
+    if out is narrow:
+        kernels.copy_(by_piece)
+    else:
+        by_piece.copy_(kernels)
+    return out
+
+
 # --------------------------------------------------------------------------- workspace
 
 
@@ -508,33 +564,42 @@ def _round(nbytes: int) -> int:
     return -(-nbytes // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
 
 
-def layout(*, tokens: int, heads: int, value_heads: int, head_k: int, head_v: int,
-           chunks: int, l2norm: bool, beta_fp32: bool, backward: bool, deterministic: bool,
-           nkb: int) -> dict:
+def layout(*, tokens: int, heads: int, value_heads: int, head_k: int, chunks: int,
+           l2norm: bool, beta_fp32: bool, backward: bool, deterministic: bool, nkb: int,
+           pieces: int = 1, documents: int = 0, states: tuple = ()) -> dict:
     """Byte offsets of the fp32 intermediates of one forward or backward in one buffer:
     name -> (offset, shape). Nothing here lives past the call (nothing per token is saved
-    for the backward: it recomputes them).
+    for the backward: it recomputes them). ``value_heads`` are the kernels' (the caller's
+    times ``pieces``, :func:`split`), each of K = V columns.
 
     ``u`` and ``vn`` share their bytes (fwd_h reads each element of U and writes V_new at the
     same place, in the same program); in the backward ``de`` reuses ``hs`` (hs is last read by
-    dqkwg, de first written by wy_da)."""
-    t, h, hv, k, v, nc = tokens, heads, value_heads, head_k, head_v, chunks
-    pieces = []
-    if not beta_fp32:
-        pieces.append(("beta", (t, hv)))
+    dqkwg, de first written by wy_da). With ``pieces`` > 1 the caller's g and beta (and their
+    gradients) are spread over the pieces here, and the states named in ``states`` (each
+    ``[documents, value_heads, K, K]``) are the caller's in the kernels' layout."""
+    t, h, hv, k, nc = tokens, heads, value_heads, head_k, chunks
+    spread = pieces > 1
+    buffers = []
+    if not beta_fp32 or spread:
+        buffers.append(("beta", (t, hv)))
+    if spread:
+        buffers.append(("g", (t, hv)))
+        buffers += [(name, (documents, hv, k, k)) for name in states]
     if l2norm:
-        pieces += [("rq", (t, h)), ("rk", (t, h))]
-    pieces += [("gc", (t, hv)), ("tm", (t, hv, CHUNK)), ("w", (t, hv, k)), ("u", (t, hv, v)),
-               ("hs", (nc, hv, k, v))]
+        buffers += [("rq", (t, h)), ("rk", (t, h))]
+    buffers += [("gc", (t, hv)), ("tm", (t, hv, CHUNK)), ("w", (t, hv, k)), ("u", (t, hv, k)),
+                ("hs", (nc, hv, k, k))]
     if backward:
         partials = (t, hv, k) if deterministic else (t, h, k)
-        pieces += [("dvn", (t, hv, v)), ("dhs", (nc, hv, k, v)), ("dqp", partials),
-                   ("dkp", partials), ("dw", (t, hv, k)), ("dgp", (nkb, t, hv)),
-                   ("dbp", (t, hv))]
-        if not beta_fp32:
-            pieces.append(("dbeta", (t, hv)))
+        buffers += [("dvn", (t, hv, k)), ("dhs", (nc, hv, k, k)), ("dqp", partials),
+                    ("dkp", partials), ("dw", (t, hv, k)), ("dgp", (nkb, t, hv)),
+                    ("dbp", (t, hv))]
+        if not beta_fp32 or spread:
+            buffers.append(("dbeta", (t, hv)))
+        if spread:
+            buffers.append(("dg", (t, hv)))
     found, offset = {}, 0
-    for name, shape in pieces:
+    for name, shape in buffers:
         found[name] = (offset, shape)
         offset += _round(4 * math.prod(shape))
     found["vn"] = found["u"]
@@ -587,9 +652,14 @@ class Programs:
             why="Its dq and dk are summed over each group's value heads with fp32 atomics",
             instead=f"{self.family.replace('nondet', 'det')}_backward")
 
-    def supported(self, device, dtype: torch.dtype, head_dim: int) -> bool:
+    def supported(self, device, dtype: torch.dtype, head_dim: int,
+                  head_v: Optional[int] = None) -> bool:
         """A CUDA device is present, its arch is one the programs of (dtype, K = V =
-        ``head_dim``) are built for, and dtype is bf16 or fp16. Compiles nothing."""
+        ``head_dim``) are built for, dtype is bf16 or fp16, and ``head_v`` (V, default K) is
+        a multiple of K (:func:`split`). Compiles nothing."""
+        head_v = head_dim if head_v is None else head_v
+        if not isinstance(head_v, int) or head_v < head_dim or head_v % head_dim:
+            return False
         device = plans.supported_device(device)
         if dtype not in GPU_DTYPES or head_dim not in HEAD_DIMS or device is None:
             return False
@@ -613,12 +683,19 @@ class Programs:
         return found
 
     def workspace_bytes(self, call: Call, chunks: int, *, qk_l2norm: bool, beta_fp32: bool) -> int:
-        tiles = self.tiles(call.problem.head_k, call.problem.head_v)
-        return layout(tokens=call.tokens, heads=call.heads, value_heads=call.value_heads,
-                      head_k=call.problem.head_k, head_v=call.problem.head_v, chunks=chunks,
-                      l2norm=qk_l2norm, beta_fp32=beta_fp32, backward=True,
-                      deterministic=self.deterministic,
-                      nkb=call.problem.head_k // tiles["DQKWG_BK"])["_bytes"][0]
+        return self._layout(call.tokens, call.heads, call.value_heads, call.problem.head_k,
+                            call.pieces, call.documents, chunks, qk_l2norm=qk_l2norm,
+                            beta_fp32=beta_fp32, backward=True)["_bytes"][0]
+
+    def _layout(self, tokens: int, heads: int, value_heads: int, head_k: int, pieces: int,
+                documents: int, chunks: int, *, qk_l2norm: bool, beta_fp32: bool,
+                backward: bool, states: tuple = ("h0", "dht", "dh0")) -> dict:
+        """:func:`layout` of a call (the caller's value heads and their pieces)."""
+        return layout(tokens=tokens, heads=heads, value_heads=value_heads * pieces,
+                      head_k=head_k, chunks=chunks, l2norm=qk_l2norm, beta_fp32=beta_fp32,
+                      backward=backward, deterministic=self.deterministic,
+                      nkb=head_k // self.tiles(head_k, head_k)["DQKWG_BK"], pieces=pieces,
+                      documents=documents, states=states)
 
     @staticmethod
     def _launch(plan: plans.Plan, stream: int, name: str, grid: tuple, *arguments) -> None:
@@ -629,45 +706,63 @@ class Programs:
                 scale: float, output_final_state: bool, qk_l2norm: bool, *, out=None,
                 final_state=None) -> tuple:
         """Packed (3-D) inputs, validated: allocates what is not given and launches
-        rstd (with qk_l2norm), prep, fwd_h, fwd_o. Returns (o, final_state or None)."""
+        rstd (with qk_l2norm), prep, fwd_h, fwd_o over the kernels' value heads (:func:`split`).
+        Returns (o, final_state or None)."""
         t, h, kd = q.shape
-        hv, vd = v.shape[1], v.shape[2]
-        device = q.device
         n, nc = chunks.documents, chunks.chunks
         o = torch.empty_like(v) if out is None else out
         ht = None
         if output_final_state:
             ht = final_state if final_state is not None else \
-                q.new_empty((n, hv, kd, vd), dtype=torch.float32)
+                q.new_empty((n, v.shape[1], kd, v.shape[2]), dtype=torch.float32)
         if nc == 0:  # no tokens: the final state is the initial one
             if ht is not None:
                 ht.copy_(initial_state) if initial_state is not None else ht.zero_()
             return o, ht
-        tiles = self.tiles(kd, vd)
-        beta_fp32 = beta.dtype == torch.float32
-        places = layout(tokens=t, heads=h, value_heads=hv, head_k=kd, head_v=vd, chunks=nc,
-                        l2norm=qk_l2norm, beta_fp32=beta_fp32, backward=False,
-                        deterministic=True, nkb=1)
+        pieces = v.shape[2] // kd
+        states = tuple(name for name, state in (("h0", initial_state), ("ht", ht))
+                       if state is not None)
+        places = self._layout(t, h, v.shape[1], kd, pieces, n, nc, qk_l2norm=qk_l2norm,
+                              beta_fp32=beta.dtype == torch.float32, backward=False,
+                              states=states)
         scratch = carve(q.new_empty(places["_bytes"][0], dtype=torch.uint8), places)
-        stream = plans.stream_handle(device)
-        dummy = plans.unused_pointer(device)
-        self._forward_core(plan, stream, q, k, v, g, beta, initial_state, chunks, scratch, ht,
-                           qk_l2norm, tiles, dummy)
+        tiles = self.tiles(kd, kd)
+        stream = plans.stream_handle(q.device)
+        dummy = plans.unused_pointer(q.device)
+        v, g, beta, h0 = self._kernel_inputs(scratch, pieces, v, g, beta, initial_state)
+        ht_k = scratch.get("ht", ht)
+        self._forward_core(plan, stream, q, k, v, g, beta, h0, chunks, scratch, ht_k, qk_l2norm,
+                           tiles, dummy)
+        hv = v.shape[1]
         rq, rk = scratch.get("rq", dummy), scratch.get("rk", dummy)
-        self._launch(plan, stream, "fwd_o", (nc, hv, vd // tiles["FWD_O_BV"]), q, k,
+        self._launch(plan, stream, "fwd_o", (nc, hv, kd // tiles["FWD_O_BV"]), q, k,
                      scratch["vn"], scratch["gc"], scratch["hs"], rq, rk, chunks.cu,
-                     chunks.chunk_doc, chunks.chunk_idx, o, scale, h, hv, int(qk_l2norm))
+                     chunks.chunk_doc, chunks.chunk_idx, split(o, pieces), scale, h, hv,
+                     int(qk_l2norm))
+        if ht_k is not ht:
+            copy_state(ht_k, ht)
         return o, ht
+
+    @staticmethod
+    def _kernel_inputs(scratch: dict, pieces: int, v, g, beta, initial_state) -> tuple:
+        """(v, g, beta, initial_state) as the kernels read them: the value heads split into
+        pieces (:func:`split`; g, beta and the state copied into ``scratch`` when there are
+        several), beta in fp32 (a beta in q's dtype is converted: one specialization)."""
+        if "beta" in scratch:
+            beta = spread(beta, scratch["beta"])
+        if "g" in scratch:
+            g = spread(g, scratch["g"])
+        if initial_state is not None and "h0" in scratch:
+            initial_state = copy_state(initial_state, scratch["h0"])
+        return split(v, pieces), g, beta, initial_state
 
     def _forward_core(self, plan, stream, q, k, v, g, beta, initial_state, chunks, scratch, ht,
                       qk_l2norm, tiles, dummy) -> None:
-        """rstd, prep and fwd_h: gc, Tm, W, U, the per-chunk states and V_new (into
-        ``scratch``), and the final state into ``ht`` when given."""
+        """rstd, prep and fwd_h on the kernels' inputs (:meth:`_kernel_inputs`): gc, Tm, W,
+        U, the per-chunk states and V_new (into ``scratch``), and the final state into ``ht``
+        when given."""
         t, h, kd = q.shape
         hv, vd = v.shape[1], v.shape[2]
-        if "beta" in scratch:  # beta in q's dtype: the kernels read fp32 (one specialization)
-            scratch["beta"].copy_(beta)
-            beta = scratch["beta"]
         rq, rk = scratch.get("rq", dummy), scratch.get("rk", dummy)
         if qk_l2norm:
             rows = t * h
@@ -688,11 +783,9 @@ class Programs:
                  dg=None, dbeta=None, dh0=None, workspace=None) -> tuple:
         """Packed (3-D) inputs, validated (the non-determinism alert, if any, already
         raised): allocates what is not given and launches the forward's rstd, prep and fwd_h
-        again, then dv_local, dh, dqkwg, wy_da, wy_dk, finalize. Returns (dq, dk, dv, dg,
-        dbeta, d_initial_state or None)."""
+        again, then dv_local, dh, dqkwg, wy_da, wy_dk, finalize, over the kernels' value heads
+        (:func:`split`). Returns (dq, dk, dv, dg, dbeta, d_initial_state or None)."""
         t, h, kd = q.shape
-        hv, vd = v.shape[1], v.shape[2]
-        device = q.device
         n, nc = chunks.documents, chunks.chunks
         dq = torch.empty_like(q) if dq is None else dq
         dk = torch.empty_like(k) if dk is None else dk
@@ -707,30 +800,35 @@ class Programs:
             if dh0 is not None:
                 dh0.copy_(dht) if dht is not None else dh0.zero_()
             return dq, dk, dv, dg, dbeta, dh0
-        tiles = self.tiles(kd, vd)
-        nkb = kd // tiles["DQKWG_BK"]
-        beta_fp32 = beta.dtype == torch.float32
-        places = layout(tokens=t, heads=h, value_heads=hv, head_k=kd, head_v=vd, chunks=nc,
-                        l2norm=qk_l2norm, beta_fp32=beta_fp32, backward=True,
-                        deterministic=self.deterministic, nkb=nkb)
-        size = places["_bytes"][0]
+        pieces = v.shape[2] // kd
+        places = self._layout(t, h, v.shape[1], kd, pieces, n, nc, qk_l2norm=qk_l2norm,
+                              beta_fp32=beta.dtype == torch.float32, backward=True)
         if workspace is None:
-            workspace = q.new_empty(size, dtype=torch.uint8)
+            workspace = q.new_empty(places["_bytes"][0], dtype=torch.uint8)
         scratch = carve(workspace.view(torch.uint8).view(-1), places)
-        stream = plans.stream_handle(device)
-        dummy = plans.unused_pointer(device)
-        self._forward_core(plan, stream, q, k, v, g, beta, initial_state, chunks, scratch, None,
+        tiles = self.tiles(kd, kd)
+        nkb = kd // tiles["DQKWG_BK"]
+        stream = plans.stream_handle(q.device)
+        dummy = plans.unused_pointer(q.device)
+        v, g, beta, h0 = self._kernel_inputs(scratch, pieces, v, g, beta, initial_state)
+        if dht is not None and "dht" in scratch:
+            dht = copy_state(dht, scratch["dht"])
+        dh0_k = scratch["dh0"] if dh0 is not None and "dh0" in scratch else dh0
+        dg_k, dbeta_k = scratch.get("dg", dg), scratch.get("dbeta", dbeta)
+        do, dv_k = split(do, pieces), split(dv, pieces)
+        hv = v.shape[1]
+        self._forward_core(plan, stream, q, k, v, g, beta, h0, chunks, scratch, None,
                            qk_l2norm, tiles, dummy)
-        beta32 = scratch.get("beta", beta)
         rq, rk = scratch.get("rq", dummy), scratch.get("rk", dummy)
         l2 = int(qk_l2norm)
         cu, doc, idx = chunks.cu, chunks.chunk_doc, chunks.chunk_idx
-        self._launch(plan, stream, "dv_local", (nc, hv, vd // tiles["DV_LOCAL_BV"]), q, k,
+        self._launch(plan, stream, "dv_local", (nc, hv, kd // tiles["DV_LOCAL_BV"]), q, k,
                      scratch["gc"], do, rq, rk, cu, doc, idx, scratch["dvn"], scale, h, hv, l2)
-        self._launch(plan, stream, "dh", (n * hv, vd // tiles["DH_BV"], 1), q, k, scratch["w"],
+        self._launch(plan, stream, "dh", (n * hv, kd // tiles["DH_BV"], 1), q, k, scratch["w"],
                      scratch["gc"], do, scratch["dvn"], rq, rk, dummy if dht is None else dht,
-                     cu, chunks.chunk_offsets, scratch["dhs"], dummy if dh0 is None else dh0,
-                     scale, h, hv, l2, int(dht is not None), int(dh0 is not None))
+                     cu, chunks.chunk_offsets, scratch["dhs"],
+                     dummy if dh0_k is None else dh0_k, scale, h, hv, l2, int(dht is not None),
+                     int(dh0_k is not None))
         if not self.deterministic:  # fp32 atomics accumulate into (T, H, K)
             scratch["dqp"].zero_()
             scratch["dkp"].zero_()
@@ -738,18 +836,20 @@ class Programs:
                      do, scratch["dvn"], scratch["hs"], scratch["dhs"], rq, rk, cu, doc, idx,
                      scratch["dqp"], scratch["dkp"], scratch["dw"], scratch["dgp"], scale, t, h,
                      hv, l2)
-        self._launch(plan, stream, "wy_da", (nc, hv, 1), k, v, beta32, scratch["gc"],
+        self._launch(plan, stream, "wy_da", (nc, hv, 1), k, v, beta, scratch["gc"],
                      scratch["tm"], scratch["dw"], scratch["dvn"], rk, cu, doc, idx,
-                     scratch["de"], dv, scratch["dbp"], h, hv, l2)
-        dbeta32 = scratch.get("dbeta", dbeta)
-        self._launch(plan, stream, "wy_dk", (nc, hv, 1), k, beta32, scratch["gc"],
+                     scratch["de"], dv_k, scratch["dbp"], h, hv, l2)
+        self._launch(plan, stream, "wy_dk", (nc, hv, 1), k, beta, scratch["gc"],
                      scratch["tm"], scratch["dw"], scratch["de"], scratch["dbp"], rk,
-                     scratch["dgp"], cu, doc, idx, scratch["dkp"], dbeta32, dg, t, h, hv, l2)
-        if dbeta32 is not dbeta:
-            dbeta.copy_(dbeta32)
+                     scratch["dgp"], cu, doc, idx, scratch["dkp"], dbeta_k, dg_k, t, h, hv, l2)
         groups = hv // h if self.deterministic else 1
         self._launch(plan, stream, "finalize", (-(-t // tiles["FINALIZE_BT"]), h, 1), q, k,
                      scratch["dqp"], scratch["dkp"], rq, rk, dq, dk, t, h, groups, l2)
+        for part, whole in ((dbeta_k, dbeta), (dg_k, dg)):
+            if part is not whole:
+                gather(part, whole)
+        if dh0_k is not dh0:
+            copy_state(dh0_k, dh0)
         return dq, dk, dv, dg, dbeta, dh0
 
     # ----------------------------------------------------------------------- autograd
@@ -857,7 +957,7 @@ class Programs:
                                       q.device).tensors())
         if initial_state is not None:
             call = dataclasses.replace(call, documents=chunks.documents)
-            state = [chunks.documents, call.value_heads, call.problem.head_k, call.problem.head_v]
+            state = list(call.state_shape)
             checks.check_tensor("initial_state", initial_state, dtypes=(torch.float32,),
                                 ndims=(4,), shape_hint=f"{state} float32",
                                 device_type=checks.triton_device_type(q))
@@ -910,7 +1010,7 @@ class Programs:
                                    {"output_final_state": output_final_state,
                                     "qk_l2norm": qk_l2norm})
         check_output("out", out, v.shape, v.dtype, v.device)
-        state = (call.documents, call.value_heads, call.problem.head_k, call.problem.head_v)
+        state = call.state_shape
         if final_state is not None and not output_final_state:
             raise ValueError("final_state: given, but output_final_state is False")
         check_output("final_state", final_state, state, torch.float32, q.device)
@@ -939,7 +1039,7 @@ class Programs:
         if do.shape != v.shape:
             raise ValueError(f"do: expected the shape of v {list(v.shape)}, got "
                              f"{checks.describe(do)}")
-        state = (call.documents, call.value_heads, call.problem.head_k, call.problem.head_v)
+        state = call.state_shape
         if d_final_state is not None:
             checks.check_tensor("d_final_state", d_final_state, dtypes=(torch.float32,),
                                 ndims=(4,), shape_hint=f"{list(state)} float32",

@@ -146,11 +146,13 @@ def cake_gdn_det_train_backward_workspace_bytes(
 
 def is_cake_gdn_det_train_supported(device: Optional[torch.device | int] = None, *,
                                     dtype: torch.dtype = torch.bfloat16,
-                                    head_dim: int = 128) -> bool:
+                                    head_dim: int = 128,
+                                    head_v: Optional[int] = None) -> bool:
     """True when a CUDA device is present (``device``, default the current one), its arch is
-    one the programs are built for, ``dtype`` (q's) is bf16 or fp16 and ``head_dim`` (K = V) is
-    64, 128 or 256. Compiles nothing. (fp32 runs only under Triton's interpreter.)"""
-    return _PROGRAMS.supported(device, dtype, head_dim)
+    one the programs are built for, ``dtype`` (q's) is bf16 or fp16, ``head_dim`` (K) is 64,
+    128 or 256 and ``head_v`` (V, default K) a multiple of K. Compiles nothing. (fp32 runs
+    only under Triton's interpreter.)"""
+    return _PROGRAMS.supported(device, dtype, head_dim, head_v)
 
 
 # --------------------------------------------------------------------------- autograd
@@ -194,7 +196,8 @@ def cake_gdn_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
         q, k: bf16/fp16 ``[T, H, K]`` (packed, with ``cu_seqlens`` or one document) or
             ``[B, T, H, K]`` (B documents of T tokens), contiguous, on a CUDA device; K in
             {64, 128, 256}. (fp32 runs only under Triton's interpreter, for tests.)
-        v: q's dtype, ``[T, HV, V]`` (or ``[B, T, HV, V]``), HV a multiple of H, V = K.
+        v: q's dtype, ``[T, HV, V]`` (or ``[B, T, HV, V]``), HV a multiple of H, V a
+            multiple of K (V = m K runs as m value heads of K columns each).
         g: float32 ``[T, HV]`` log-decay (log of the state's decay per token; not checked:
             values > 0 grow the state, and exp() may overflow).
         beta: ``[T, HV]`` float32 or q's dtype (converted to float32 inside, one copy).

@@ -88,10 +88,12 @@ def family(mode: str):
 
 
 def make_inputs(lens, heads, value_heads, head_dim, *, dtype=torch.float32, l2norm=False,
-                h0=True, beta_dtype=torch.float32, seed=0) -> dict:
-    """Seeded inputs for documents of ``lens`` tokens. Without qk_l2norm, q and k are scaled to
-    |k| ~ 1 so that the delta rule stays well conditioned (as trained models keep it); g mixes
-    mild decay (memory across chunks) with strong steps; beta in (0, 1)."""
+                h0=True, beta_dtype=torch.float32, seed=0, head_v=None) -> dict:
+    """Seeded inputs for documents of ``lens`` tokens (K = ``head_dim``, V = ``head_v``,
+    default K). Without qk_l2norm, q and k are scaled to |k| ~ 1 so that the delta rule stays
+    well conditioned (as trained models keep it); g mixes mild decay (memory across chunks)
+    with strong steps; beta in (0, 1)."""
+    head_v = head_dim if head_v is None else head_v
     gen = torch.Generator().manual_seed(seed)
     tokens, documents = sum(lens), len(lens)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -102,12 +104,12 @@ def make_inputs(lens, heads, value_heads, head_dim, *, dtype=torch.float32, l2no
     q, k = rn(tokens, heads, head_dim), rn(tokens, heads, head_dim)
     if not l2norm:
         q, k = q / math.sqrt(head_dim), k / math.sqrt(head_dim)
-    v = rn(tokens, value_heads, head_dim)
+    v = rn(tokens, value_heads, head_v)
     g = F.logsigmoid(rn(tokens, value_heads) * 1.5 + 3.0)
     beta = torch.sigmoid(rn(tokens, value_heads)).to(beta_dtype)
-    initial = rn(documents, value_heads, head_dim, head_dim) * 0.5 if h0 else None
-    do = rn(tokens, value_heads, head_dim).to(dtype)
-    dht = rn(documents, value_heads, head_dim, head_dim)
+    initial = rn(documents, value_heads, head_dim, head_v) * 0.5 if h0 else None
+    do = rn(tokens, value_heads, head_v).to(dtype)
+    dht = rn(documents, value_heads, head_dim, head_v)
     return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "g": g, "beta": beta,
             "h0": initial, "do": do, "dht": dht, "cu": cu}
 

@@ -27,6 +27,7 @@ def test_the_module_imports_and_lists_the_issue_shapes():
         sys.path.remove(str(REPO / "tools" / "bench"))
     assert gdn.SHAPES == [(16, 32, 32768), (2, 6, 241817), (8, 16, 16384), (16, 48, 32768)]
     assert gdn.parse_shapes("2:6:100") == [(2, 6, 100)]
+    assert gdn.parse_head_dims("128:256") == (128, 256)
     versions = gdn.peer_versions()  # what every result file records
     assert set(versions) == {"triton", "fla"}
     assert all(value is None or isinstance(value, str) for value in versions.values())
@@ -35,6 +36,7 @@ def test_the_module_imports_and_lists_the_issue_shapes():
 @pytest.mark.parametrize("arguments,message", [
     (("--shapes", "2:5:100"), "HV a multiple of H"),
     (("--shapes", "2x6"), "expected H:HV:T"),
+    (("--head-dims", "128"), "expected K:V"),
     (("--impls", "cake,fla"), "subset of cake-det, cake-nondet, fla"),
     (("--ops", "forward"), "subset of fwd, bwd, fwd+bwd, ckpt"),
     (("--docs", "2"), "3 .. 6 documents"),
@@ -67,3 +69,4 @@ def test_table_merges_the_runs_of_two_processes(tmp_path):
     result = run("--table", *map(str, paths))
     assert result.returncode == 0, result.stderr
     assert "cake-det x fla" in result.stdout and "3.00" in result.stdout
+    assert "| 128 | 128 |" in result.stdout.replace("  ", " ")  # K, V of rows without them

@@ -39,16 +39,18 @@ def _run(mode, inputs, *, l2norm, final):
 
 
 @pytest.mark.parametrize("mode", FAMILIES)
-@pytest.mark.parametrize("lens,heads,value_heads,dim,dtype,l2norm,h0,final", [
-    ([1, 2, 63, 64, 65, 130, 300], 1, 3, 128, torch.bfloat16, True, True, True),
-    ([1, 3, 2, 1, 5, 1, 70, 9, 1, 400], 2, 4, 128, torch.bfloat16, False, True, False),
-    ([777], 1, 1, 64, torch.bfloat16, True, False, True),
-    ([64, 200], 2, 2, 256, torch.bfloat16, True, True, True),
-    ([129, 50], 2, 4, 128, torch.float16, True, True, True),
+@pytest.mark.parametrize("lens,heads,value_heads,dim,head_v,dtype,l2norm,h0,final", [
+    ([1, 2, 63, 64, 65, 130, 300], 1, 3, 128, 128, torch.bfloat16, True, True, True),
+    ([1, 3, 2, 1, 5, 1, 70, 9, 1, 400], 2, 4, 128, 128, torch.bfloat16, False, True, False),
+    ([777], 1, 1, 64, 64, torch.bfloat16, True, False, True),
+    ([64, 200], 2, 2, 256, 256, torch.bfloat16, True, True, True),
+    ([129, 50], 2, 4, 128, 128, torch.float16, True, True, True),
+    ([3, 130, 500], 2, 4, 128, 256, torch.bfloat16, True, True, True),  # V = 2K
 ])
-def test_against_the_float64_recurrence(mode, lens, heads, value_heads, dim, dtype, l2norm, h0,
-                                        final):
-    host = make_inputs(lens, heads, value_heads, dim, dtype=dtype, l2norm=l2norm, h0=h0)
+def test_against_the_float64_recurrence(mode, lens, heads, value_heads, dim, head_v, dtype,
+                                        l2norm, h0, final):
+    host = make_inputs(lens, heads, value_heads, dim, dtype=dtype, l2norm=l2norm, h0=h0,
+                       head_v=head_v)
     o, ht = gdn_reference(host["q"], host["k"], host["v"], host["g"], host["beta"], host["cu"],
                           initial_state=host["h0"], output_final_state=final, qk_l2norm=l2norm)
     grads = gdn_reference_backward(host["do"], host["q"], host["k"], host["v"], host["g"],
@@ -78,11 +80,14 @@ def test_det_is_bitwise_identical_across_runs_and_streams():
 
 
 @pytest.mark.parametrize("mode", FAMILIES)
-def test_a_step_is_captured_in_a_cuda_graph(mode):
+@pytest.mark.parametrize("head_v", [128, 256])
+def test_a_step_is_captured_in_a_cuda_graph(mode, head_v):
     """With the plan, every output and the workspace given: no host sync, no allocation; the
-    replay, over NaN-poisoned outputs and workspace, gives the eager results."""
+    replay, over NaN-poisoned outputs and workspace, gives the eager results (V = 2K: the
+    spread gates and the pieces' gradients live in the workspace too)."""
     module, _, forward, backward, plan_type = family(mode)
-    inputs = _on_gpu(make_inputs([100, 400], 1, 2, 128, dtype=torch.bfloat16, l2norm=True))
+    inputs = _on_gpu(make_inputs([100, 400], 1, 2, 128, dtype=torch.bfloat16, l2norm=True,
+                                 head_v=head_v))
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
     plan = plan_type(inputs["cu"])
     query = getattr(module, f"cake_gdn_{mode}_train_backward_workspace_bytes")

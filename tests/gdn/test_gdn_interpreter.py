@@ -64,10 +64,11 @@ def run_autograd(mode: str, inputs: dict, *, l2norm: bool, final: bool, plan: bo
 
 
 def check_case(lens, heads, value_heads, head_dim, *, l2norm=False, h0=True, final=True,
-               dtype=torch.float32, beta_dtype=torch.float32, seed=0, plan=True) -> dict:
+               dtype=torch.float32, beta_dtype=torch.float32, seed=0, plan=True,
+               head_v=None) -> dict:
     """Both families against the reference; returns the errors seen (name -> (rms, max))."""
     inputs = make_inputs(lens, heads, value_heads, head_dim, dtype=dtype, l2norm=l2norm, h0=h0,
-                         beta_dtype=beta_dtype, seed=seed)
+                         beta_dtype=beta_dtype, seed=seed, head_v=head_v)
     o_ref, ht_ref, g_ref = reference(inputs, l2norm=l2norm, final=final)
     rms_limit, max_limit = TOLERANCE[dtype]
     seen = {}
@@ -146,6 +147,46 @@ def test_fp16_inputs_with_fp16_beta():
 
 def test_cu_seqlens_without_a_plan():
     check_case([1, 64, 65], 1, 2, 64, seed=9, plan=False)
+
+
+@pytest.mark.parametrize("heads,value_heads,head_v", [(1, 1, 128), (2, 4, 192)])
+def test_values_wider_than_keys(heads, value_heads, head_v):
+    """V = m K: the kernels run m value heads of K columns per value head (shared.split); the
+    caller's o, final state and every gradient in the caller's layout."""
+    check_case([1, 63, 65, 7], heads, value_heads, 64, head_v=head_v, l2norm=True,
+               seed=20 + head_v)
+
+
+def test_the_remedy_for_values_narrower_than_keys_is_exact():
+    """V < K is refused with a remedy: zero-pad v (and the initial state) to K columns and keep
+    o[..., :V]. The padded columns of the state stay zero, so o, the final state and every
+    gradient are those of the narrow problem."""
+    _, functional, _, _, plan_type = family("det")
+    inputs = make_inputs([3, 70], 1, 2, 64, head_v=32, l2norm=True, seed=24)
+    o_ref, ht_ref, g_ref = reference(inputs, l2norm=True, final=True)
+
+    def pad(x):
+        return torch.nn.functional.pad(x, (0, 64 - x.shape[-1]))
+
+    leaves = {n: inputs[n].clone().requires_grad_() for n in SOURCES}
+    o, ht = functional(leaves["q"], leaves["k"], pad(leaves["v"]), leaves["g"], leaves["beta"],
+                       initial_state=pad(leaves["h0"]), output_final_state=True, qk_l2norm=True,
+                       plan=plan_type(inputs["cu"]))
+    o, ht = o[..., :32], ht[..., :32]
+    ((o * inputs["do"]).sum() + (ht * inputs["dht"]).sum()).backward()
+    rms_limit, max_limit = TOLERANCE[torch.float32]
+    for name, value, expected in [("o", o.detach(), o_ref), ("final_state", ht.detach(), ht_ref),
+                                  *((n, leaves[s].grad, g_ref[n])
+                                    for n, s in zip(GRADIENTS, SOURCES))]:
+        rms, worst = errors(value, expected)
+        assert rms <= rms_limit and worst <= max_limit, f"{name}: {rms:.2e}, {worst:.2e}"
+
+
+def test_values_wider_than_keys_in_fp16_with_fp16_beta():
+    """g and beta spread over the pieces (beta converted to fp32 there); dbeta summed back
+    over the pieces into fp16."""
+    check_case([70, 5], 1, 2, 64, head_v=128, dtype=torch.float16, beta_dtype=torch.float16,
+               final=False, seed=21)
 
 
 SLOW_CASES = [(lens, h, hv, d, l2, h0, fin)
@@ -288,6 +329,27 @@ def test_nondet_writes_its_buffers_before_reading_them():
         assert rms <= rms_limit and worst <= max_limit, f"{name}: {rms:.2e}, {worst:.2e}"
 
 
+@pytest.mark.parametrize("mode", FAMILIES)
+def test_wider_values_write_every_buffer_before_reading_it(mode):
+    """V = 2K through the helpers with a NaN-poisoned workspace (which then also holds g and
+    beta spread over the pieces, the states in the kernels' layout and the pieces' dg and
+    dbeta) and NaN-poisoned outputs: within the fp32 budget of the float64 recurrence, and for
+    det the bits of the autograd run."""
+    inputs = make_inputs([1, 63, 70], 1, 2, 64, head_v=128, l2norm=True, seed=22)
+    (o, ht), grads = _poisoned_helpers(mode, inputs)
+    o_ref, ht_ref, g_ref = reference(inputs, l2norm=True, final=True)
+    rms_limit, max_limit = TOLERANCE[torch.float32]
+    for name, value, expected in [("o", o, o_ref), ("final_state", ht, ht_ref),
+                                  *((n, grads[n], g_ref[n]) for n in GRADIENTS)]:
+        rms, worst = errors(value, expected)
+        assert rms <= rms_limit and worst <= max_limit, f"{name}: {rms:.2e}, {worst:.2e}"
+    if mode == "det":
+        o1, h1, g1 = run_autograd("det", inputs, l2norm=True, final=True, plan=True)
+        assert torch.equal(o, o1) and torch.equal(ht, h1)
+        for name in GRADIENTS:
+            assert torch.equal(grads[name], g1[name]), name
+
+
 def test_workspace_bytes_match_the_layout():
     import cake.cake_gdn_det_train as det
     import cake.cake_gdn_nondet_train as nondet
@@ -306,6 +368,25 @@ def test_workspace_bytes_match_the_layout():
     assert 0 <= nondet_bytes - (common + tokens * heads * 2 * 4 * d) < 16 * 128
     assert det.cake_gdn_det_train_backward_workspace_bytes(
         *(x[:0] for x in args), torch.tensor([0, 0], dtype=torch.int32)) == 0
+
+
+def test_workspace_bytes_of_wider_values():
+    """V = 2K: the kernels' layout at K = V = 64 over 2 HV value heads, plus g, beta, dg and
+    dbeta spread over the pieces and three states (initial, final-state gradient, initial-state
+    gradient) in the kernels' layout (counted whether or not the call has them: the query does
+    not know)."""
+    import cake.cake_gdn_det_train as det
+
+    inputs = make_inputs([100, 30], 2, 4, 64, head_v=128, seed=23)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    found = det.cake_gdn_det_train_backward_workspace_bytes(*args, inputs["cu"])
+    tokens, hv, d, chunks, documents = 130, 8, 64, 3, 2
+    # per token and kernel value head (K = V = 64, fp32): gc 4, Tm 256, W 256, U/V_new 256,
+    # dV_new 256, dW 256, dg partial 4, dbeta partial 4, dq/dk partials 2 x 256, and the
+    # spread g, beta, dg, dbeta 4 x 4; per chunk the state and its gradient; three states.
+    expected = (tokens * hv * (4 + 256 * 5 + 4 + 4 + 2 * 256 + 16)
+                + chunks * hv * 2 * d * d * 4 + 3 * documents * hv * d * d * 4)
+    assert 0 <= found - expected < 20 * 128
 
 
 # --------------------------------------------------------------------------- autograd integration

@@ -278,3 +278,25 @@ def test_nondet_alert_comes_before_its_library_is_loaded(driver, monkeypatch):
     finally:
         torch.use_deterministic_algorithms(False)
     assert driver.launches() == [] and driver.calls("cuLibraryLoadData") == []
+
+
+@pytest.mark.parametrize("mode", sorted(NAMES))
+def test_the_support_query_follows_the_programs_and_the_head_dimensions(mode, monkeypatch):
+    """``is_cake_gdn_*_train_supported`` on a stand-in device of each arch: true where a
+    program of (dtype, K = K) is built for the arch and V is a multiple of K; it compiles
+    nothing and reads no library."""
+    module = __import__(f"cake.{NAMES[mode]}", fromlist=["_"])
+    query = getattr(module, f"is_{NAMES[mode]}_supported")
+    arch = {"value": "sm_90a"}
+    monkeypatch.setattr(plans, "supported_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(plans, "device_arch", lambda device: arch["value"])
+    assert query(dtype=torch.bfloat16, head_dim=128)
+    assert query(dtype=torch.float16, head_dim=64, head_v=192)
+    assert query(dtype=torch.bfloat16, head_dim=256, head_v=512)
+    for refused in ({"head_dim": 128, "head_v": 64}, {"head_dim": 128, "head_v": 192},
+                    {"head_dim": 96}, {"dtype": torch.float32}, {"head_dim": 128, "head_v": 0}):
+        assert not query(**{"dtype": torch.bfloat16, **refused}), refused
+    for arch["value"] in ("sm_100a", "sm_103a"):
+        assert query(dtype=torch.bfloat16, head_dim=128, head_v=256)
+    arch["value"] = "sm_120a"
+    assert not query(dtype=torch.bfloat16, head_dim=128)

@@ -4,16 +4,17 @@
 Usage (from the repository root, on a GPU machine)::
 
     PYTHONPATH=. python tools/bench/gdn.py [--impls cake-det,cake-nondet,fla]
-        [--shapes all|H:HV:T,...] [--ops fwd,bwd,fwd+bwd,ckpt] [--docs 3..6] [--iters 30]
-        [--no-l2norm] [--json out.json]
+        [--shapes all|H:HV:T,...] [--head-dims K:V] [--ops fwd,bwd,fwd+bwd,ckpt] [--docs 3..6]
+        [--iters 30] [--no-l2norm] [--json out.json]
     PYTHONPATH=. python tools/bench/gdn.py --precompile          # JIT both families' programs
     python tools/bench/gdn.py --table a.json b.json              # one table from several runs
 
 Protocol: ``tools/bench/harness.py`` (256 MiB L2 flush before every call, CUDA events,
 warm-up, median; the implementations of one shape and op interleaved A B B A in one process).
-bf16 q, k, v, fp32 g (log-sigmoid) and beta, K = V = 128, packed documents (``--docs``, default
-4, cut points seeded), no initial or final state, qk_l2norm in the kernel (``--no-l2norm``:
-off). Ops, each timed as one call:
+bf16 q, k, v, fp32 g (log-sigmoid) and beta, K = V = 128 (``--head-dims``: V = 2K, say
+``128:256``, times cake's split of V into value heads of K columns against FLA's native
+kernels), packed documents (``--docs``, default 4, cut points seeded), no initial or final
+state, qk_l2norm in the kernel (``--no-l2norm``: off). Ops, each timed as one call:
 
 * ``fwd``: the forward alone (cake: the helper with the chunk plan; FLA: its function under
   ``torch.no_grad``);
@@ -55,7 +56,7 @@ import harness  # noqa: E402
 
 # (H, HV, T): the shapes of the GPU issue; K = V = 128, bf16.
 SHAPES = [(16, 32, 32768), (2, 6, 241817), (8, 16, 16384), (16, 48, 32768)]
-HEAD_DIM = 128
+HEAD_DIMS = (128, 128)
 IMPLS = ("cake-det", "cake-nondet", "fla")
 OPS = ("fwd", "bwd", "fwd+bwd", "ckpt")
 WARMUP = 3
@@ -76,6 +77,16 @@ def parse_shapes(text: str) -> list:
                                              "of H, T >= 1")
         shapes.append((heads, value_heads, tokens))
     return shapes
+
+
+def parse_head_dims(text: str) -> tuple:
+    """``K:V`` (positive integers; the families refuse what they do not run, reported per
+    implementation)."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"--head-dims: expected K:V (positive integers), got "
+                                         f"{text!r}")
+    return int(parts[0]), int(parts[1])
 
 
 def parse_list(choices: tuple, what: str):
@@ -99,9 +110,12 @@ def parse_docs(text: str) -> int:
 # --------------------------------------------------------------------------- inputs and calls
 
 
-def make_inputs(heads: int, value_heads: int, tokens: int, documents: int, seed: int = 0):
-    """bf16 q, k, v (requiring grad), fp32 g and beta (requiring grad), dout, and int32
-    cu_seqlens of ``documents`` seeded documents, all on the current GPU."""
+def make_inputs(heads: int, value_heads: int, tokens: int, documents: int,
+                head_dims: tuple = HEAD_DIMS, seed: int = 0):
+    """bf16 q, k ``[T, H, K]``, v ``[T, HV, V]`` (requiring grad), fp32 g and beta (requiring
+    grad), dout, and int32 cu_seqlens of ``documents`` seeded documents, all on the current
+    GPU."""
+    head_k, head_v = head_dims
     import torch
 
     from cake.core import selftest
@@ -115,13 +129,13 @@ def make_inputs(heads: int, value_heads: int, tokens: int, documents: int, seed:
         return torch.randn(*shape, device=device, dtype=torch.float32,
                            generator=cuda_gen).to(dtype)
 
-    q = randn(tokens, heads, HEAD_DIM).requires_grad_()
-    k = randn(tokens, heads, HEAD_DIM).requires_grad_()
-    v = randn(tokens, value_heads, HEAD_DIM).requires_grad_()
+    q = randn(tokens, heads, head_k).requires_grad_()
+    k = randn(tokens, heads, head_k).requires_grad_()
+    v = randn(tokens, value_heads, head_v).requires_grad_()
     g = torch.nn.functional.logsigmoid(randn(tokens, value_heads, dtype=torch.float32) + 3.0)
     beta = torch.sigmoid(randn(tokens, value_heads, dtype=torch.float32))
     g, beta = g.requires_grad_(), beta.requires_grad_()
-    dout = randn(tokens, value_heads, HEAD_DIM)
+    dout = randn(tokens, value_heads, head_v)
     cu = torch.tensor(offsets, dtype=torch.int32, device=device)
     return (q, k, v, g, beta), dout, cu
 
@@ -224,12 +238,14 @@ def check_agreement(outputs: dict) -> dict:
     return {name: (outputs[name].float() - base).abs().max().item() / scale for name in names[1:]}
 
 
-def run(shapes, *, impls, ops, docs: int, iters: int, l2norm: bool, bench) -> list:
+def run(shapes, *, impls, ops, docs: int, iters: int, l2norm: bool, bench,
+        head_dims: tuple = HEAD_DIMS) -> list:
     import torch
 
     rows = []
+    head_k, head_v = head_dims
     for heads, value_heads, tokens in shapes:
-        inputs, dout, cu = make_inputs(heads, value_heads, tokens, docs)
+        inputs, dout, cu = make_inputs(heads, value_heads, tokens, docs, head_dims)
         calls, notes, forwards = {}, {}, {}
         for impl in impls:
             try:
@@ -253,7 +269,8 @@ def run(shapes, *, impls, ops, docs: int, iters: int, l2norm: bool, bench) -> li
             fns = {impl: calls[impl][op] for impl in calls}
             timings = bench.interleaved(fns, iters=iters, warmup=WARMUP)
             for impl, timing in timings.items():
-                rows.append({"H": heads, "HV": value_heads, "T": tokens, "docs": docs, "op": op,
+                rows.append({"H": heads, "HV": value_heads, "K": head_k, "V": head_v,
+                             "T": tokens, "docs": docs, "op": op,
                              "impl": impl, "ms": timing.median, "spread": timing.spread,
                              "peak MB": peak_bytes(fns[impl]) / 2**20,
                              "fwd max rel diff": agreement.get(impl, 0.0),
@@ -287,15 +304,17 @@ def precompile() -> None:
 
 
 def table(paths) -> str:
-    """One Markdown table (T, H, HV, op, ms per implementation, peak MB, speed-up of cake-det
-    over FLA) from the rows of several ``--json`` files."""
+    """One Markdown table (T, H, HV, K, V, op, ms per implementation, peak MB, speed-up of
+    cake-det over FLA) from the rows of several ``--json`` files."""
     rows = []
     for path in paths:
         rows += json.loads(Path(path).read_text())["rows"]
     merged = {}
     for row in rows:
-        key = (row["T"], row["H"], row["HV"], row["op"])
-        merged.setdefault(key, {"T": row["T"], "H": row["H"], "HV": row["HV"], "op": row["op"]})
+        dims = {"K": row.get("K", HEAD_DIMS[0]), "V": row.get("V", HEAD_DIMS[1])}
+        key = (row["T"], row["H"], row["HV"], dims["K"], dims["V"], row["op"])
+        merged.setdefault(key, {"T": row["T"], "H": row["H"], "HV": row["HV"], **dims,
+                                "op": row["op"]})
         merged[key][f"{row['impl']} ms"] = row["ms"]
         merged[key][f"{row['impl']} peak MB"] = row["peak MB"]
     for entry in merged.values():
@@ -310,6 +329,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", type=parse_list(OPS, "--ops"), default=list(OPS))
     parser.add_argument("--shapes", type=parse_shapes, default=list(SHAPES),
                         help="'all' or H:HV:T,... (default: the four shapes of the GPU issue)")
+    parser.add_argument("--head-dims", type=parse_head_dims, default=HEAD_DIMS,
+                        help="K:V (default 128:128)")
     parser.add_argument("--docs", type=parse_docs, default=4, help="documents per pack, 3 .. 6")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--no-l2norm", action="store_true", help="qk_l2norm off for every impl")
@@ -334,7 +355,7 @@ def main(argv=None) -> int:
         return 0
     bench = harness.Bench()
     rows = run(args.shapes, impls=args.impls, ops=args.ops, docs=args.docs, iters=args.iters,
-               l2norm=not args.no_l2norm, bench=bench)
+               l2norm=not args.no_l2norm, bench=bench, head_dims=args.head_dims)
     print()
     print(harness.format_table(rows))
     if args.json:

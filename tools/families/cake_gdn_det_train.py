@@ -26,8 +26,9 @@ GPU_ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 # name, Triton pointer type, DOT_PREC, arches built
 DTYPES = (("bfloat16", "bf16", "tf32", GPU_ARCHES), ("float16", "fp16", "tf32", GPU_ARCHES),
           ("float32", "fp32", "ieee", ()))
-# (K, V) pairs: K = V only. K != V pairs would double the programs (and the wheel share) for
-# head layouts no target model uses; docs/families/gdn.md gives the sizes behind this.
+# (K, V) pairs: K = V only. V = m K runs on them as m value heads of K columns (the host's
+# split); programs for K != V would take the wheel over its size budget
+# (docs/families/gdn.md#head-dimensions).
 HEAD_PAIRS = tuple((d, d) for d in HEAD_DIMS)
 TEMPLATES = {f"kernel_{name}": f"csrc/templates/gdn/{name}.py"
              for name in ("rstd", "prep", "fwd_h", "fwd_o", "dv_local", "dh", "dqkwg", "wy_da",
