@@ -412,9 +412,9 @@ def validate(q, k, v, g, beta, initial_state, cu_seqlens, plan) -> Call:
         raise ValueError(f"q: expected K (the last dim) in {HEAD_DIMS}, got {checks.describe(q)}")
     if head_v < head_k or head_v % head_k:
         raise ValueError(f"v: expected V (the last dim) a multiple of K = {head_k} (V = m K runs "
-                         f"as m value heads of K columns; for V < K, zero-pad v and "
-                         f"initial_state to K columns and keep o[..., :V]: exact, at K's cost), "
-                         f"got {checks.describe(v)}")
+                         f"as m value heads of K columns; otherwise zero-pad v and "
+                         f"initial_state to the next multiple of K and keep o[..., :V]: exact, "
+                         f"at that V's cost), got {checks.describe(v)}")
     pieces = head_v // head_k
     if heads < 1 or value_heads < heads or value_heads % heads:
         raise ValueError(f"v: expected HV (value heads) a positive multiple of H = {heads} (q's "
@@ -537,8 +537,13 @@ def spread(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def gather(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """dg or dbeta fp32 [T, HV m] -> ``out`` [T, HV] (its dtype): the pieces summed in order."""
-    torch.sum(grad.view(*out.shape, -1), dim=-1, out=out)
+    """dg or dbeta fp32 [T, HV m] -> ``out`` [T, HV] (its dtype): the pieces summed in order
+    in fp32, in place in ``grad``'s first piece (no allocation), then written once."""
+    pieces = grad.view(*out.shape, -1)
+    total = pieces[..., 0]
+    for piece in range(1, pieces.shape[-1]):
+        total.add_(pieces[..., piece])
+    out.copy_(total)
     return out
 
 
@@ -658,10 +663,12 @@ class Programs:
         ``head_dim``) are built for, dtype is bf16 or fp16, and ``head_v`` (V, default K) is
         a multiple of K (:func:`split`). Compiles nothing."""
         head_v = head_dim if head_v is None else head_v
-        if not isinstance(head_v, int) or head_v < head_dim or head_v % head_dim:
+        if dtype not in GPU_DTYPES or head_dim not in HEAD_DIMS:
+            return False
+        if not isinstance(head_v, numbers.Integral) or head_v < head_dim or head_v % head_dim:
             return False
         device = plans.supported_device(device)
-        if dtype not in GPU_DTYPES or head_dim not in HEAD_DIMS or device is None:
+        if device is None:
             return False
         arch = plans.device_arch(device)
         variant = Problem(device, dtype, head_dim, head_dim).variant
@@ -683,6 +690,8 @@ class Programs:
         return found
 
     def workspace_bytes(self, call: Call, chunks: int, *, qk_l2norm: bool, beta_fp32: bool) -> int:
+        if chunks == 0:  # no tokens: the backward launches nothing and carves nothing
+            return 0
         return self._layout(call.tokens, call.heads, call.value_heads, call.problem.head_k,
                             call.pieces, call.documents, chunks, qk_l2norm=qk_l2norm,
                             beta_fp32=beta_fp32, backward=True)["_bytes"][0]
@@ -1091,7 +1100,5 @@ class Programs:
         call, _ = self.resolve(q, k, v, g, beta, cu_seqlens, plan, None, None,
                                {"qk_l2norm": qk_l2norm})
         chunk_plan = self.chunk_plan(call, cu_seqlens, plan)
-        if chunk_plan.chunks == 0:
-            return 0
         return self.workspace_bytes(call, chunk_plan.chunks, qk_l2norm=qk_l2norm,
                                     beta_fp32=beta.dtype == torch.float32)

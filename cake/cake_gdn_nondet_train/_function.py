@@ -139,6 +139,11 @@ def cake_gdn_nondet_train_backward_workspace_bytes(
     its gradient (2 K V); and a float32 copy of beta and dbeta when beta comes in q's dtype.
     About 4.9 KB per token and value head at K = V = 128 and HV = 2 H (docs/families/gdn.md).
 
+    With V = m K (m > 1) every "value head" above is one of the kernels' HV m heads of V = K
+    columns, and the workspace also holds g, beta, dg and dbeta spread over them (4 each) and
+    three states in their layout (N x HV m x K x K each: the initial state, the final state's
+    gradient and the initial state's).
+
     Example::
 
         >>> n = cake_gdn_nondet_train_backward_workspace_bytes(q, k, v, g, beta, plan=plan)

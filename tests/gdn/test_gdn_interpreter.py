@@ -272,6 +272,21 @@ def test_no_tokens_launch_nothing_and_pass_the_state_through(mode):
     assert torch.equal(grads[-1], dht) and grads[0].shape == q.shape
 
 
+@pytest.mark.parametrize("mode", FAMILIES)
+def test_no_tokens_with_wider_values_take_the_queried_workspace(mode):
+    """V = 2K without tokens: the query says 0 bytes and the backward takes that workspace (it
+    launches and carves nothing); the state gradient passes through in the caller's layout."""
+    module, _, _, backward, plan_type = family(mode)
+    plan = plan_type(torch.tensor([0, 0, 0], dtype=torch.int32))
+    q, v, g = torch.zeros(0, 1, 64), torch.zeros(0, 2, 128), torch.zeros(0, 2)
+    query = getattr(module, f"cake_gdn_{mode}_train_backward_workspace_bytes")
+    assert query(q, q, v, g, g, plan=plan) == 0
+    h0, dht = torch.randn(2, 2, 64, 128), torch.randn(2, 2, 64, 128)
+    grads = backward(v, q, q, v, g, g, plan=plan, initial_state=h0, d_final_state=dht,
+                     workspace=torch.empty(0, dtype=torch.uint8))
+    assert torch.equal(grads[-1], dht) and grads[2].shape == v.shape
+
+
 # --------------------------------------------------------------------------- determinism, buffers
 
 
@@ -348,6 +363,26 @@ def test_wider_values_write_every_buffer_before_reading_it(mode):
         assert torch.equal(o, o1) and torch.equal(ht, h1)
         for name in GRADIENTS:
             assert torch.equal(grads[name], g1[name]), name
+
+
+@pytest.mark.parametrize("head_v", [64, 128])
+def test_dbeta_in_q_dtype_is_the_fp32_gradient_rounded_once(head_v):
+    """beta in fp16 reaches the kernels as the same fp32 values as beta given in fp32, so every
+    gradient is the same, and dbeta is the fp32 run's, rounded once (with V = 2K: after the
+    pieces are summed in fp32, not piece by piece)."""
+    inputs = make_inputs([3, 70], 1, 2, 64, head_v=head_v, dtype=torch.float16,
+                         beta_dtype=torch.float16, seed=26)
+    _, _, _, backward, plan_type = family("det")
+    plan = plan_type(inputs["cu"])
+    found = {}
+    for dtype in (torch.float16, torch.float32):
+        args = [inputs[n] for n in ("q", "k", "v", "g")] + [inputs["beta"].to(dtype)]
+        found[dtype] = backward(inputs["do"], *args, plan=plan, initial_state=inputs["h0"],
+                                d_final_state=inputs["dht"], qk_l2norm=True)
+    half, single = found[torch.float16], found[torch.float32]
+    for name, a, b in zip(GRADIENTS, half, single):
+        expected = b.half() if name == "dbeta" else b
+        assert a.dtype == expected.dtype and torch.equal(a, expected), name
 
 
 def test_workspace_bytes_match_the_layout():

@@ -294,7 +294,8 @@ def test_the_support_query_follows_the_programs_and_the_head_dimensions(mode, mo
     assert query(dtype=torch.float16, head_dim=64, head_v=192)
     assert query(dtype=torch.bfloat16, head_dim=256, head_v=512)
     for refused in ({"head_dim": 128, "head_v": 64}, {"head_dim": 128, "head_v": 192},
-                    {"head_dim": 96}, {"dtype": torch.float32}, {"head_dim": 128, "head_v": 0}):
+                    {"head_dim": 96}, {"head_dim": 0}, {"dtype": torch.float32},
+                    {"head_dim": 128, "head_v": 0}):
         assert not query(**{"dtype": torch.bfloat16, **refused}), refused
     for arch["value"] in ("sm_100a", "sm_103a"):
         assert query(dtype=torch.bfloat16, head_dim=128, head_v=256)

@@ -263,3 +263,35 @@ def test_no_alert_without_deterministic_mode_and_none_from_det(mode, launches):
             backward(*arguments, plan=plan_type(inputs["cu"]))
         finally:
             torch.use_deterministic_algorithms(False)
+
+
+
+@pytest.mark.parametrize("mode", FAMILIES)
+@pytest.mark.parametrize("head_v,beta_dtype", [(64, torch.float16), (64, torch.float32),
+                                               (128, torch.float16), (128, torch.float32)])
+def test_the_backward_allocates_nothing_when_every_buffer_is_given(mode, head_v, beta_dtype,
+                                                                   monkeypatch):
+    """Every gradient output and the queried workspace given: the host allocates no memory (the
+    profiler's allocation events, inside torch's kernels too; the launches are replaced by
+    no-ops, so only the host's own work is recorded), for V = K and V = 2K (g, beta, the
+    states and the pieces' dg and dbeta live in the workspace) and beta in q's dtype (dbeta
+    summed in fp32 in place, then cast once)."""
+    module, _, _, backward, plan_type = family(mode)
+    inputs = make_inputs([3, 70], 1, 2, 64, head_v=head_v, dtype=torch.float16,
+                         beta_dtype=beta_dtype, seed=25)
+    plan = plan_type(inputs["cu"])
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    size = getattr(module, f"cake_gdn_{mode}_train_backward_workspace_bytes")(
+        *args, plan=plan, qk_l2norm=True)
+    workspace = torch.empty(size, dtype=torch.uint8)
+    outputs = {name: torch.empty_like(inputs[source]) for name, source in
+               zip(("dq", "dk", "dv", "dg", "dbeta", "d_initial_state"),
+                   ("q", "k", "v", "g", "beta", "h0"))}
+    monkeypatch.setattr(shared.Programs, "_launch", staticmethod(lambda *arguments: None))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as profiled:
+        backward(inputs["do"], *args, plan=plan, d_final_state=inputs["dht"],
+                 initial_state=inputs["h0"], qk_l2norm=True, workspace=workspace, **outputs)
+    allocating = [(event.name, event.cpu_memory_usage) for event in profiled.events()
+                  if event.cpu_memory_usage > 0]
+    assert allocating == [], allocating
