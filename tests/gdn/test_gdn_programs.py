@@ -200,8 +200,12 @@ def library(driver, family_jit_cache) -> Path:
         return jit.compile_program(TREES["det"], MANIFESTS["det"], _fake_program(), "sm_90a")[0]
 
 
+@pytest.mark.parametrize("pieces", [1, 2])
 def test_the_library_launches_every_kernel_on_the_fake_driver(library, driver, family_jit_cache,
-                                                              monkeypatch):
+                                                              monkeypatch, pieces):
+    """The public helpers through the real library: every kernel's grid, block, stream and
+    shared memory, and first argument; with V = 2K (``pieces``) over twice the value heads, o
+    written in place in the caller's tensor."""
     import fake_gpu
 
     import cake.cake_gdn_det_train as det
@@ -223,12 +227,12 @@ def test_the_library_launches_every_kernel_on_the_fake_driver(library, driver, f
         return fake_gpu.cuda(torch.zeros(*shape, dtype=dtype))
 
     q, k = tensor(tokens, heads, d), tensor(tokens, heads, d)
-    v, do = tensor(tokens, value_heads, d), tensor(tokens, value_heads, d)
+    v, do = tensor(tokens, value_heads, d * pieces), tensor(tokens, value_heads, d * pieces)
     g, beta = tensor(tokens, value_heads, dtype=torch.float32), tensor(tokens, value_heads)
-    h0 = tensor(3, value_heads, d, d, dtype=torch.float32)
+    h0 = tensor(3, value_heads, d, d * pieces, dtype=torch.float32)
     try:
-        det.cake_gdn_det_train_forward(q, k, v, g, beta, plan=plan, initial_state=h0,
-                                       output_final_state=True, qk_l2norm=True)
+        o, _ = det.cake_gdn_det_train_forward(q, k, v, g, beta, plan=plan, initial_state=h0,
+                                              output_final_state=True, qk_l2norm=True)
         det.cake_gdn_det_train_backward(do, q, k, v, g, beta, plan=plan, initial_state=h0,
                                         qk_l2norm=True)
         launches = driver.launches()
@@ -239,10 +243,13 @@ def test_the_library_launches_every_kernel_on_the_fake_driver(library, driver, f
                      "rstd", "prep", "fwd_h", "dv_local", "dh", "dqkwg", "wy_da", "wy_dk",
                      "finalize"]
     tiles = gdn_tiles.tiles(d, d)
-    grids = {"rstd": (-(-tokens * heads // tiles["RSTD_BR"]), 1, 1), "prep": (5, 4, 1),
-             "fwd_h": (12, d // tiles["FWD_H_BV"], 1), "fwd_o": (5, 4, d // tiles["FWD_O_BV"]),
-             "dv_local": (5, 4, d // tiles["DV_LOCAL_BV"]), "dh": (12, d // tiles["DH_BV"], 1),
-             "dqkwg": (5, 4, d // tiles["DQKWG_BK"]), "wy_da": (5, 4, 1), "wy_dk": (5, 4, 1),
+    hv = value_heads * pieces  # the kernels' value heads
+    grids = {"rstd": (-(-tokens * heads // tiles["RSTD_BR"]), 1, 1), "prep": (5, hv, 1),
+             "fwd_h": (3 * hv, d // tiles["FWD_H_BV"], 1),
+             "fwd_o": (5, hv, d // tiles["FWD_O_BV"]),
+             "dv_local": (5, hv, d // tiles["DV_LOCAL_BV"]),
+             "dh": (3 * hv, d // tiles["DH_BV"], 1), "dqkwg": (5, hv, d // tiles["DQKWG_BK"]),
+             "wy_da": (5, hv, 1), "wy_dk": (5, hv, 1),
              "finalize": (-(-tokens // tiles["FINALIZE_BT"]), heads, 1)}
     for name, launch in zip(names, launches):
         assert launch.grid == grids[name], name
@@ -256,6 +263,9 @@ def test_the_library_launches_every_kernel_on_the_fake_driver(library, driver, f
     for name, launch in zip(names, launches):
         if name in first:
             assert struct.unpack_from("<Q", launch.params)[0] == first[name].data_ptr(), name
+    # fwd_o's eleventh pointer is o: the caller's tensor, also when split into value heads.
+    fwd_o = launches[names.index("fwd_o")]
+    assert struct.unpack_from("<Q", fwd_o.params, 8 * 10)[0] == o.data_ptr()
 
 
 def test_nondet_alert_comes_before_its_library_is_loaded(driver, monkeypatch):
