@@ -4,6 +4,7 @@ model of one stream; and the README's peer table against the run it quotes: no G
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -237,3 +238,14 @@ def test_tune_libraries_keep_the_family_entries_and_the_bench_calls_them_by_name
     size = ctypes.c_int64(-1)
     library.entry("workspace_bytes")(0, tokens=1000, channels=512, out=ctypes.addressof(size))
     assert workspace.numel() == size.value > 0
+
+
+def test_recorder_rewrites_the_rows_so_far_and_marks_the_finished_run(tmp_path):
+    path = tmp_path / "run.json"
+    record = harness.recorder(path, {"device": "stand-in"})
+    record([{"ms": 1.0}])
+    assert json.loads(path.read_text()) == {"rows": [{"ms": 1.0}], "complete": False,
+                                            "device": "stand-in"}
+    record([{"ms": 1.0}, {"ms": 2.0}], complete=True)
+    found = json.loads(path.read_text())
+    assert found["rows"] == [{"ms": 1.0}, {"ms": 2.0}] and found["complete"] is True

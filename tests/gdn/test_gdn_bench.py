@@ -70,3 +70,33 @@ def test_table_merges_the_runs_of_two_processes(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "cake-det x fla" in result.stdout and "3.00" in result.stdout
     assert "| 128 | 128 |" in result.stdout.replace("  ", " ")  # K, V of rows without them
+
+
+def test_run_records_the_rows_after_every_op(monkeypatch):
+    """A run cut short keeps what it measured: ``record`` gets the rows so far after each op
+    (device work stubbed: this checks the bookkeeping, not the timings)."""
+    sys.path.insert(0, str(REPO / "tools" / "bench"))
+    try:
+        import gdn
+    finally:
+        sys.path.remove(str(REPO / "tools" / "bench"))
+
+    class Timing:
+        median, spread = 1.5, 0.01
+
+    class Bench:
+        def interleaved(self, fns, iters, warmup):
+            return {impl: Timing() for impl in fns}
+
+    monkeypatch.setattr(gdn, "make_inputs", lambda *args: ((), None, None))
+    monkeypatch.setattr(gdn, "cake_forwards", lambda *args: (None, lambda: None))
+    monkeypatch.setattr(gdn, "op_calls", lambda *args: dict.fromkeys(gdn.OPS, lambda: None))
+    monkeypatch.setattr(gdn, "peak_bytes", lambda fn: 0)
+    seen = []
+    rows = gdn.run([(1, 1, 64), (2, 2, 64)], impls=["cake-det"], ops=["fwd", "bwd"], docs=3,
+                   iters=1, l2norm=True, bench=Bench(),
+                   record=lambda found: seen.append([(r["H"], r["op"]) for r in found]))
+    assert seen == [[(1, "fwd")], [(1, "fwd"), (1, "bwd")],
+                    [(1, "fwd"), (1, "bwd"), (2, "fwd")],
+                    [(1, "fwd"), (1, "bwd"), (2, "fwd"), (2, "bwd")]]
+    assert len(rows) == 4

@@ -25,6 +25,8 @@ state, qk_l2norm in the kernel (``--no-l2norm``: off). Ops, each timed as one ca
 
 Peak memory: for each implementation, op and shape, the peak of ``torch.cuda.max_memory_allocated``
 over one call, less what was allocated before it (inputs and the retained graph excluded).
+``--json`` is rewritten after every op, ``complete`` false until the run ends: a run cut short
+(FLA's first-call autotuning can take minutes a shape) keeps what it measured.
 
 Peer: FLA (fla-core 0.6.0) ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` with
 ``cu_seqlens`` and ``use_qk_l2norm_in_kernel``, timed in the same process as the cake families
@@ -239,7 +241,9 @@ def check_agreement(outputs: dict) -> dict:
 
 
 def run(shapes, *, impls, ops, docs: int, iters: int, l2norm: bool, bench,
-        head_dims: tuple = HEAD_DIMS) -> list:
+        head_dims: tuple = HEAD_DIMS, record=None) -> list:
+    """The rows of every shape, op and implementation; ``record(rows)``, when given, after each
+    op's rows (FLA's first-call autotuning can take minutes a shape)."""
     import torch
 
     rows = []
@@ -276,6 +280,8 @@ def run(shapes, *, impls, ops, docs: int, iters: int, l2norm: bool, bench,
                              "fwd max rel diff": agreement.get(impl, 0.0),
                              "note": notes[impl]})
             print(harness.format_table(rows[-len(timings):]), flush=True)
+            if record:
+                record(rows)
         del inputs, dout, cu, calls, forwards
         torch.cuda.empty_cache()
     return rows
@@ -334,7 +340,8 @@ def main(argv=None) -> int:
     parser.add_argument("--docs", type=parse_docs, default=4, help="documents per pack, 3 .. 6")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--no-l2norm", action="store_true", help="qk_l2norm off for every impl")
-    parser.add_argument("--json", type=Path, help="write all numbers here")
+    parser.add_argument("--json", type=Path,
+                        help="write the numbers here (after every op; complete once the run ends)")
     parser.add_argument("--precompile", action="store_true", help="JIT both families and exit")
     parser.add_argument("--table", nargs="+", type=Path, metavar="JSON",
                         help="print one table from the rows of these --json files and exit")
@@ -354,13 +361,14 @@ def main(argv=None) -> int:
         precompile()
         return 0
     bench = harness.Bench()
+    record = harness.recorder(args.json, {"l2norm": not args.no_l2norm, **peer_versions(),
+                                          **harness.device_summary()}) if args.json else None
     rows = run(args.shapes, impls=args.impls, ops=args.ops, docs=args.docs, iters=args.iters,
-               l2norm=not args.no_l2norm, bench=bench, head_dims=args.head_dims)
+               l2norm=not args.no_l2norm, bench=bench, head_dims=args.head_dims, record=record)
     print()
     print(harness.format_table(rows))
-    if args.json:
-        harness.write_json(args.json, {"rows": rows, "l2norm": not args.no_l2norm,
-                                       **peer_versions(), **harness.device_summary()})
+    if record:
+        record(rows, complete=True)
     return 0
 
 

@@ -350,3 +350,12 @@ def write_json(path, payload: Mapping[str, object]) -> None:
     with open(path, "w") as handle:
         json.dump(payload, handle, indent=2, sort_keys=True)
         handle.write("\n")
+
+
+def recorder(path, extra: Mapping[str, object]) -> Callable[..., None]:
+    """A writer of a run's rows to ``path`` each time it is called, with ``extra`` (versions,
+    device) and ``complete`` (False until the run's last call): a run cut short by a time limit
+    keeps what it measured, and its file says it was cut short."""
+    def record(rows: Sequence[Mapping[str, object]], complete: bool = False) -> None:
+        write_json(path, {"rows": list(rows), "complete": complete, **extra})
+    return record

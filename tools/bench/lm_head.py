@@ -167,7 +167,8 @@ def precompile() -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--json", type=Path, help="write all numbers here")
+    parser.add_argument("--json", type=Path,
+                        help="write the numbers here (after every shape; complete once the run ends)")
     parser.add_argument("--shapes", default="all", help="'all', 'small' or T:D:V,T:D:V,...")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"among {', '.join(PEERS)}")
     parser.add_argument("--precompile", action="store_true", help="JIT the programs and exit")
@@ -190,15 +191,18 @@ def main(argv=None) -> int:
         tuple(int(v) for v in item.split(":")) for item in args.shapes.split(",")]
     peers = load_peers(args.peers.split(","))
     bench = harness.Bench()
+    record = harness.recorder(args.json, harness.device_summary()) if args.json else None
     rows = []
     for index, shape in enumerate(shapes):
         rows += run_shape(shape, peers, iters=args.iters, bench=bench, check=index == 0)
         print(harness.format_table(rows[-len(peers):]), flush=True)
+        if record:  # after each shape: a run cut short keeps what it measured
+            record(rows)
     print()
     print(harness.format_table(rows, ["T", "D", "V", "peer", "fwd ms", "fwd+bwd ms", "TFLOP/s",
                                       "peak GB", "loss diff"]))
-    if args.json:
-        harness.write_json(args.json, {"rows": rows, **harness.device_summary()})
+    if record:
+        record(rows, complete=True)
     return 0
 
 
