@@ -242,10 +242,27 @@ def test_tune_libraries_keep_the_family_entries_and_the_bench_calls_them_by_name
 
 def test_recorder_rewrites_the_rows_so_far_and_marks_the_finished_run(tmp_path):
     path = tmp_path / "run.json"
-    record = harness.recorder(path, {"device": "stand-in"})
+    record = harness.recorder(path, {"device": "stand-in", "rows": "not the rows"})
+    # written at once: a run killed before its first row still leaves a file saying so
+    assert json.loads(path.read_text()) == {"rows": [], "complete": False, "device": "stand-in"}
     record([{"ms": 1.0}])
     assert json.loads(path.read_text()) == {"rows": [{"ms": 1.0}], "complete": False,
                                             "device": "stand-in"}
     record([{"ms": 1.0}, {"ms": 2.0}], complete=True)
     found = json.loads(path.read_text())
     assert found["rows"] == [{"ms": 1.0}, {"ms": 2.0}] and found["complete"] is True
+    assert [f.name for f in tmp_path.iterdir()] == ["run.json"]  # no partial file left
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_file(tmp_path):
+    path = tmp_path / "run.json"
+    harness.write_json(path, {"rows": [1]})
+    with pytest.raises(TypeError):
+        harness.write_json(path, {"rows": [object()]})  # json.dump fails after writing a prefix
+    assert json.loads(path.read_text()) == {"rows": [1]}
+
+
+def test_versions_names_each_module_or_none():
+    found = harness.versions(("textwrap", "pytest", "no_such_module_here"))
+    assert found["pytest"] == pytest.__version__ and found["no_such_module_here"] is None
+    assert found["textwrap"] == "unknown"  # neither a __version__ nor a distribution

@@ -59,9 +59,9 @@ def test_without_a_gpu_it_says_so():
 
 def test_table_merges_the_runs_of_two_processes(tmp_path):
     rows = {"cake": [{"H": 2, "HV": 6, "T": 100, "op": "fwd", "impl": "cake-det", "ms": 1.0,
-                      "peak MB": 10.0}],
+                      "peak MiB": 10.0}],
             "fla": [{"H": 2, "HV": 6, "T": 100, "op": "fwd", "impl": "fla", "ms": 3.0,
-                     "peak MB": 30.0}]}
+                     "peak MiB": 30.0}]}
     paths = []
     for name, found in rows.items():
         paths.append(tmp_path / f"{name}.json")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the Gated DeltaNet families against FLA's chunk_gated_delta_rule (H200 / B200).
+"""Benchmark of the Gated DeltaNet families against FLA's chunk_gated_delta_rule (Hopper, Blackwell).
 
 Usage (from the repository root, on a GPU machine)::
 
@@ -276,7 +276,7 @@ def run(shapes, *, impls, ops, docs: int, iters: int, l2norm: bool, bench,
                 rows.append({"H": heads, "HV": value_heads, "K": head_k, "V": head_v,
                              "T": tokens, "docs": docs, "op": op,
                              "impl": impl, "ms": timing.median, "spread": timing.spread,
-                             "peak MB": peak_bytes(fns[impl]) / 2**20,
+                             "peak MiB": peak_bytes(fns[impl]) / 2**20,
                              "fwd max rel diff": agreement.get(impl, 0.0),
                              "note": notes[impl]})
             print(harness.format_table(rows[-len(timings):]), flush=True)
@@ -290,15 +290,7 @@ def run(shapes, *, impls, ops, docs: int, iters: int, l2norm: bool, bench,
 def peer_versions() -> dict:
     """The Triton and FLA this process imports (None: not importable): FLA's backward is only
     right on Hopper with Triton >= 3.7.1, so every result file says which one ran."""
-    import importlib
-
-    found = {}
-    for name, module in (("triton", "triton"), ("fla", "fla")):
-        try:
-            found[name] = getattr(importlib.import_module(module), "__version__", "unknown")
-        except ImportError:
-            found[name] = None
-    return found
+    return harness.versions(("triton", "fla"))
 
 
 def precompile() -> None:
@@ -310,7 +302,7 @@ def precompile() -> None:
 
 
 def table(paths) -> str:
-    """One Markdown table (T, H, HV, K, V, op, ms per implementation, peak MB, speed-up of
+    """One Markdown table (T, H, HV, K, V, op, ms per implementation, peak MiB, speed-up of
     cake-det over FLA) from the rows of several ``--json`` files."""
     rows = []
     for path in paths:
@@ -322,7 +314,7 @@ def table(paths) -> str:
         merged.setdefault(key, {"T": row["T"], "H": row["H"], "HV": row["HV"], **dims,
                                 "op": row["op"]})
         merged[key][f"{row['impl']} ms"] = row["ms"]
-        merged[key][f"{row['impl']} peak MB"] = row["peak MB"]
+        merged[key][f"{row['impl']} peak MiB"] = row["peak MiB"]
     for entry in merged.values():
         if "fla ms" in entry and "cake-det ms" in entry:
             entry["cake-det x fla"] = entry["fla ms"] / entry["cake-det ms"]

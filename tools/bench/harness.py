@@ -35,7 +35,9 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import gc
+import importlib
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -347,15 +349,40 @@ def device_summary() -> dict:
 
 
 def write_json(path, payload: Mapping[str, object]) -> None:
-    with open(path, "w") as handle:
+    """``payload`` to ``path``, replaced whole: a process killed mid-write leaves the previous
+    file."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w") as handle:
         json.dump(payload, handle, indent=2, sort_keys=True)
         handle.write("\n")
+    os.replace(partial, path)
 
 
 def recorder(path, extra: Mapping[str, object]) -> Callable[..., None]:
     """A writer of a run's rows to ``path`` each time it is called, with ``extra`` (versions,
-    device) and ``complete`` (False until the run's last call): a run cut short by a time limit
-    keeps what it measured, and its file says it was cut short."""
+    device) and ``complete`` (False until the run's last call). It writes an empty, incomplete
+    file at once: a run cut short by a time limit keeps what it measured, even nothing, and its
+    file says it was cut short."""
     def record(rows: Sequence[Mapping[str, object]], complete: bool = False) -> None:
-        write_json(path, {"rows": list(rows), "complete": complete, **extra})
+        write_json(path, {**extra, "rows": list(rows), "complete": complete})
+    record([])
     return record
+
+
+def versions(modules: Sequence[str]) -> dict:
+    """Each module's version in this process: its ``__version__``, else its distribution's (None:
+    not importable). Every result file says which peers ran."""
+    from importlib import metadata
+
+    distributions = metadata.packages_distributions()
+    found = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            found[name] = None
+            continue
+        found[name] = getattr(module, "__version__", None) or next(
+            (metadata.version(d) for d in distributions.get(name, ())), "unknown")
+    return found

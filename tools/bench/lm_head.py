@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the LM head families (fused linear + cross-entropy) against their peers (H200).
+"""Benchmark of the LM head families (fused linear + cross-entropy) against their peers (Hopper).
 
 Usage (from the repository root, on a GPU machine; liger-kernel 0.8.5 and cut-cross-entropy
 25.1.1 installed, or carried as wheels)::
@@ -44,6 +44,7 @@ MODELS = [(2048, 151936), (4096, 128256), (5120, 151936), (3840, 262144)]
 SHAPES = [(t, d, v) for t in (8192, 32768) for d, v in MODELS]
 SMALL = [(8192, 2048, 151936), (8192, 4096, 128256)]
 PEERS = ("cake_det", "cake_nondet", "liger", "cce", "compile", "eager")
+PEER_MODULES = ("liger_kernel", "cut_cross_entropy", "triton")  # versions in every result file
 IGNORED = 0.1
 
 
@@ -191,7 +192,8 @@ def main(argv=None) -> int:
         tuple(int(v) for v in item.split(":")) for item in args.shapes.split(",")]
     peers = load_peers(args.peers.split(","))
     bench = harness.Bench()
-    record = harness.recorder(args.json, harness.device_summary()) if args.json else None
+    record = harness.recorder(args.json, {**harness.versions(PEER_MODULES),
+                                          **harness.device_summary()}) if args.json else None
     rows = []
     for index, shape in enumerate(shapes):
         rows += run_shape(shape, peers, iters=args.iters, bench=bench, check=index == 0)
